@@ -1,0 +1,31 @@
+# Two commands do all the setup on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint fmt bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m kovanex.demo
+
+test: $(STAMP)
+	$(BIN)/ruff check kovanex tests bench
+	$(BIN)/ruff format --check kovanex tests bench
+	$(BIN)/python -m pytest -q -x --durations=15
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix kovanex tests bench
+	$(BIN)/ruff format kovanex tests bench
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

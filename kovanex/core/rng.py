@@ -1,0 +1,19 @@
+"""The randomness a pure core may use: a seeded `random.Random` passed in by the caller.
+
+Cores annotate with this Protocol instead of importing `random`, so the purity
+test can forbid the module-level RNG outright.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableSequence, Sequence
+from typing import Any, Protocol
+
+
+class Rng(Protocol):
+    def random(self) -> float: ...
+    def randrange(self, start: int, stop: int | None = ..., step: int = ...) -> int: ...
+    def choice(self, seq: Sequence[Any]) -> Any: ...
+    def sample(self, population: Sequence[Any], k: int) -> list[Any]: ...
+    def shuffle(self, x: MutableSequence[Any]) -> None: ...
+    def uniform(self, a: float, b: float) -> float: ...

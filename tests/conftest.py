@@ -1,0 +1,33 @@
+"""Shared test setup: an isolated git config, seeds for simulation tests, helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+os.environ["GIT_CONFIG_GLOBAL"] = str(ROOT / "tests" / "gitconfig")
+os.environ["GIT_CONFIG_NOSYSTEM"] = "1"
+for _k in ("GIT_DIR", "GIT_WORK_TREE", "KOVANEX_HOME"):
+    os.environ.pop(_k, None)
+
+
+def seeds(n: int = 5) -> list[int]:
+    """Seeds for simulation tests; KOVANEX_SEED=<n> replays exactly one."""
+    if os.environ.get("KOVANEX_SEED"):
+        return [int(os.environ["KOVANEX_SEED"])]
+    return list(range(1, n + 1))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" and rep.failed:
+        funcargs = getattr(item, "funcargs", {})
+        if "seed" in funcargs:
+            rep.sections.append(("kovanex", f"KOVANEX_SEED={funcargs['seed']}"))
+            print(f"\nKOVANEX_SEED={funcargs['seed']}")
