@@ -1,0 +1,249 @@
+"""The task spec: `.kovanex/task.toml` in the task branch, parsed with tomllib and checked
+against the JSON Schema shipped in `kovanex/schema/task.schema.json`.
+
+Unknown keys are errors everywhere, because a typo such as `timout_s` that passes silently
+would run a task with a default the user never chose. `validate` reports every problem at
+once (a push is rejected with the full list, not one error per round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError
+
+SPEC_PATH = ".kovanex/task.toml"
+KINDS = ("job", "deployment")
+FAILOVER_MODES = ("absolute_consistency", "split_brain_allowed")
+STRATEGIES = ("best-fit", "locality", "round-robin", "spread")
+DEFAULT_TIMEOUT_S = 3600
+
+
+class SpecError(Exception):
+    """One problem in a spec, addressed by a field path so the user can find it."""
+
+    def __init__(self, file: str, field: str, reason: str) -> None:
+        super().__init__(f"{file}: {field}: {reason}")
+        self.file = file
+        self.field = field
+        self.reason = reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SpecError) and (self.file, self.field, self.reason) == (
+            other.file,
+            other.field,
+            other.reason,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.file, self.field, self.reason))
+
+
+@dataclass(frozen=True)
+class Placement:
+    labels: dict[str, str] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+    strategy: str | None = None  # None: the cluster default applies
+    cpu: float | None = None
+    memory_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: str | None = None
+    timeout_s: int = DEFAULT_TIMEOUT_S
+    env: dict[str, str] = field(default_factory=dict)
+    agent: bool = False
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    command: str
+    prompt: str | None = None
+    context: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    steps: tuple[Step, ...]
+    kind: str = "job"
+    priority: int = 50
+    retries: int = 0
+    failover: str = "split_brain_allowed"
+    description: str = ""
+    placement: Placement = field(default_factory=Placement)
+    agent: AgentSpec | None = None
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema, loaded from package data so hooks and docs share one source."""
+    text = resources.files("kovanex").joinpath("schema/task.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    Draft202012Validator.check_schema(schema())
+    return Draft202012Validator(schema())
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
+    return out or "(root)"
+
+
+def _schema_errors(doc: Any, path: str) -> list[SpecError]:
+    """Turn jsonschema errors into SpecErrors whose field names the offending key itself."""
+    keyed: list[tuple[tuple[Any, ...], SpecError]] = []
+    for e in _validator().iter_errors(doc):
+        key = tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in e.absolute_path)
+        keyed.extend((key, err) for err in _convert(e, path))
+    keyed.sort(key=lambda ke: (ke[0], ke[1].field, ke[1].reason))
+    return [err for _, err in keyed]
+
+
+def _convert(e: ValidationError, path: str) -> list[SpecError]:
+    parts = list(e.absolute_path)
+    if e.validator == "additionalProperties" and isinstance(e.instance, dict):
+        allowed = set(e.schema.get("properties", {}))
+        extra = sorted(k for k in e.instance if k not in allowed)
+        return [
+            SpecError(path, _path([*parts, k]), f"unknown key {k!r} (allowed: {_allowed(allowed)})")
+            for k in extra
+        ]
+    if e.validator == "required" and isinstance(e.instance, dict):
+        missing = [k for k in e.validator_value if k not in e.instance]
+        return [SpecError(path, _path([*parts, k]), "is required") for k in missing]
+    if "propertyNames" in e.relative_schema_path:
+        key = str(e.instance)
+        if e.validator == "not":
+            reason = "KOVANEX_* variables are reserved for the runner"
+        else:
+            reason = "must be a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        return [SpecError(path, _path([*parts, key]), f"key {key!r}: {reason}")]
+    return [SpecError(path, _path(parts), e.message)]
+
+
+def _allowed(keys: set[str]) -> str:
+    return ", ".join(sorted(keys))
+
+
+def _cross_field_errors(doc: dict[str, Any], path: str) -> list[SpecError]:
+    """Rules a JSON Schema cannot express readably: uniqueness and run/agent exclusivity."""
+    errs: list[SpecError] = []
+    steps = doc.get("steps")
+    if not isinstance(steps, list):
+        return errs
+    seen: dict[str, int] = {}
+    uses_agent = False
+    for i, st in enumerate(steps):
+        if not isinstance(st, dict):
+            continue
+        name = st.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                errs.append(
+                    SpecError(
+                        path,
+                        f"steps[{i}].name",
+                        f"duplicate step name {name!r} (also steps[{seen[name]}])",
+                    )
+                )
+            else:
+                seen[name] = i
+        has_run = "run" in st
+        is_agent = st.get("agent") is True
+        uses_agent = uses_agent or is_agent
+        if has_run and is_agent:
+            errs.append(
+                SpecError(
+                    path, f"steps[{i}]", "set exactly one of `run` or `agent = true`, not both"
+                )
+            )
+        elif not has_run and not is_agent:
+            errs.append(
+                SpecError(path, f"steps[{i}]", "needs `run` (a shell command) or `agent = true`")
+            )
+    if uses_agent and "agent" not in doc:
+        errs.append(
+            SpecError(path, "agent", "an [agent] table is required because a step has agent = true")
+        )
+    return errs
+
+
+def _parse(data: bytes, path: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [SpecError(path, "(toml)", f"not valid UTF-8: {exc}")]
+    try:
+        return tomllib.loads(text), []
+    except tomllib.TOMLDecodeError as exc:
+        return None, [SpecError(path, "(toml)", str(exc))]
+
+
+def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
+    """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field."""
+    doc, errs = _parse(data, path)
+    if doc is None:
+        return errs
+    return _schema_errors(doc, path) + _cross_field_errors(doc, path)
+
+
+def load_spec(data: bytes, path: str = SPEC_PATH) -> TaskSpec:
+    """Parse and validate; raise the first SpecError, else return the spec with defaults filled."""
+    errs = validate(data, path)
+    if errs:
+        raise errs[0]
+    doc, _ = _parse(data, path)
+    assert doc is not None
+    return _build(doc)
+
+
+def _build(doc: dict[str, Any]) -> TaskSpec:
+    pl = doc.get("placement", {})
+    placement = Placement(
+        labels=dict(pl.get("labels", {})),
+        requires=tuple(pl.get("requires", ())),
+        strategy=pl.get("strategy"),
+        cpu=float(pl["cpu"]) if "cpu" in pl else None,
+        memory_mb=pl.get("memory_mb"),
+    )
+    steps = tuple(
+        Step(
+            name=s["name"],
+            run=s.get("run"),
+            timeout_s=s.get("timeout_s", DEFAULT_TIMEOUT_S),
+            env=dict(s.get("env", {})),
+            agent=bool(s.get("agent", False)),
+        )
+        for s in doc["steps"]
+    )
+    agent = None
+    if "agent" in doc:
+        a = doc["agent"]
+        agent = AgentSpec(
+            command=a["command"], prompt=a.get("prompt"), context=tuple(a.get("context", ()))
+        )
+    return TaskSpec(
+        steps=steps,
+        kind=doc.get("kind", "job"),
+        priority=doc.get("priority", 50),
+        retries=doc.get("retries", 0),
+        failover=doc.get("failover", "split_brain_allowed"),
+        description=doc.get("description", ""),
+        placement=placement,
+        agent=agent,
+    )
