@@ -1,0 +1,315 @@
+"""CPU and memory limits for steps: cgroups where the host lets us, rlimits otherwise.
+
+cgroups are preferred because they cover the whole process tree (a fork bomb or a
+grandchild that calls setsid() stays inside), enforce a CPU *rate*, and report OOM
+kills exactly. rlimits are per-process, cannot cap a rate, and make OOM a guess;
+they are the fallback so a step never runs unlimited just because the host is
+locked down. See docs/decisions/0004-runner-limits-and-logs.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import math
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_V2 = "cgroup-v2"
+CGROUP_V1 = "cgroup-v1"
+RLIMIT = "rlimit"
+NONE = "none"
+
+CPU_PERIOD_US = 100_000
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits for one step or service run.
+
+    `cpu` is a number of CPUs (0.5 = half a core); `memory_mb` is MiB of RAM.
+    `mechanism` forces one mechanism (tests use it to exercise the rlimit path on a
+    host that has cgroups); None means `detect()`.
+    """
+
+    cpu: float | None = None
+    memory_mb: int | None = None
+    mechanism: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu is not None and self.cpu <= 0:
+            raise ValueError(f"cpu must be > 0, got {self.cpu}")
+        if self.memory_mb is not None and self.memory_mb <= 0:
+            raise ValueError(f"memory_mb must be > 0, got {self.memory_mb}")
+        if self.mechanism not in (None, CGROUP_V2, CGROUP_V1, RLIMIT):
+            raise ValueError(f"unknown limit mechanism {self.mechanism!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Hierarchy:
+    """A mounted cgroup hierarchy and the directory of *our own* cgroup in it."""
+
+    version: int
+    controllers: frozenset[str]
+    own: Path
+
+
+def _hierarchies(
+    mountinfo: Path = Path("/proc/self/mountinfo"), cgroup: Path = Path("/proc/self/cgroup")
+) -> list[_Hierarchy]:
+    """Map /proc/self/cgroup paths onto mount points so nested limits respect our parent's."""
+    try:
+        own_lines = cgroup.read_text().splitlines()
+        mounts = mountinfo.read_text().splitlines()
+    except OSError:
+        return []
+    own: dict[str, str] = {}
+    for line in own_lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            own[parts[1]] = parts[2]
+    found: list[_Hierarchy] = []
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
+            continue
+        root, mountpoint = fields[3], Path(fields[4])
+        if rfields[0] == "cgroup2":
+            key, version = "", 2
+            try:
+                ctrls = frozenset((mountpoint / "cgroup.controllers").read_text().split())
+            except OSError:
+                ctrls = frozenset()
+        else:
+            version = 1
+            ctrls = frozenset(o for o in rfields[2].split(",") if o in ("memory", "cpu", "cpuacct"))
+            key = next((k for k in own if k and set(k.split(",")) & ctrls), "")
+            if not ctrls or not key:
+                continue
+        path = own.get(key, "/")
+        rel = os.path.relpath(path, root) if path.startswith(root) else "."
+        own_dir = (mountpoint / rel).resolve() if rel != "." else mountpoint
+        if not own_dir.is_dir():
+            own_dir = mountpoint
+        if version == 2:
+            with contextlib.suppress(OSError):
+                ctrls = frozenset((own_dir / "cgroup.controllers").read_text().split())
+        found.append(_Hierarchy(version, ctrls, own_dir))
+    return found
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _base_dirs(mechanism: str) -> dict[str, Path]:
+    """The `kovanex` parent cgroup(s) under our own cgroup, created on demand."""
+    dirs: dict[str, Path] = {}
+    for h in _hierarchies():
+        if mechanism == CGROUP_V2 and h.version == 2 and "memory" in h.controllers:
+            base = h.own / "kovanex"
+            base.mkdir(exist_ok=True)
+            wanted = " ".join(f"+{c}" for c in ("memory", "cpu") if c in h.controllers)
+            _write(h.own / "cgroup.subtree_control", wanted)
+            _write(base / "cgroup.subtree_control", wanted)
+            dirs["unified"] = base
+        elif mechanism == CGROUP_V1 and h.version == 1:
+            for ctrl in ("memory", "cpu"):
+                if ctrl in h.controllers and ctrl not in dirs:
+                    base = h.own / "kovanex"
+                    base.mkdir(exist_ok=True)
+                    dirs[ctrl] = base
+    return dirs
+
+
+def _probe(mechanism: str) -> bool:
+    """Create, configure and remove a throwaway child: only that proves the host allows it."""
+    try:
+        bases = _base_dirs(mechanism)
+        if mechanism == CGROUP_V1 and "memory" not in bases:
+            return False
+        if mechanism == CGROUP_V2 and "unified" not in bases:
+            return False
+        for key, base in bases.items():
+            probe = base / f"probe-{os.getpid()}-{next(_counter)}"
+            probe.mkdir()
+            try:
+                if key in ("memory", "unified"):
+                    f = "memory.max" if key == "unified" else "memory.limit_in_bytes"
+                    _write(probe / f, str(256 << 20))
+            finally:
+                probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> str:
+    """Which mechanism limits will use on this host: cgroup-v2, cgroup-v1 or rlimit."""
+    for mechanism in (CGROUP_V2, CGROUP_V1):
+        if _probe(mechanism):
+            return mechanism
+    return RLIMIT
+
+
+class Applied:
+    """Limits made concrete for one process tree: a preexec hook plus cgroup bookkeeping.
+
+    The child joins the cgroup itself (in preexec, before exec) so not even its first
+    fork can escape; writing "0" to cgroup.procs means "the calling process".
+    """
+
+    def __init__(self, mechanism: str, dirs: list[Path], rlimits: list[tuple[int, int, int]]):
+        self.mechanism = mechanism
+        self.dirs = dirs
+        self._rlimits = rlimits
+        self._procs = [str(d / "cgroup.procs") for d in dirs]
+
+    @property
+    def preexec(self) -> Callable[[], None] | None:
+        if not self._procs and not self._rlimits:
+            return None
+        return self._in_child
+
+    def _in_child(self) -> None:
+        for p in self._procs:
+            fd = os.open(p, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        for which, soft, hard in self._rlimits:
+            resource.setrlimit(which, (soft, hard))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                found |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+        return found
+
+    def kill_all(self, sig: int) -> int:
+        """Signal every process in the cgroup, including ones that left our process group."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return len(pids)
+
+    def oom_kills(self) -> int:
+        for d in self.dirs:
+            name = "memory.events" if self.mechanism == CGROUP_V2 else "memory.oom_control"
+            try:
+                text = (d / name).read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, val = line.partition(" ")
+                if key == "oom_kill":
+                    return int(val)
+        return 0
+
+    def _try_remove(self) -> bool:
+        left = False
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left = True
+        return not left
+
+    def cleanup(self) -> None:
+        """Best-effort synchronous removal, for error paths that cannot await."""
+        self.kill_all(signal.SIGKILL)
+        self._try_remove()
+
+    async def close(self, deadline_s: float = 2.0) -> None:
+        """Kill stragglers and remove the cgroup dirs; a dir still busy is retried until the deadline."""
+        end = time.monotonic() + deadline_s
+        while not self._try_remove() and time.monotonic() < end:
+            self.kill_all(signal.SIGKILL)
+            await asyncio.sleep(0.01)  # kernel-side teardown, bounded by the deadline
+
+
+def apply(limits: Limits | None, *, timeout_s: float) -> Applied:
+    """Create the per-run cgroup (or rlimit list) for `limits`."""
+    if limits is None or (limits.cpu is None and limits.memory_mb is None):
+        return Applied(NONE, [], [])
+    mechanism = limits.mechanism or detect()
+    if mechanism in (CGROUP_V1, CGROUP_V2):
+        return _apply_cgroup(limits, mechanism, timeout_s)
+    return Applied(RLIMIT, [], _rlimits(limits, timeout_s))
+
+
+def _rlimits(limits: Limits, timeout_s: float) -> list[tuple[int, int, int]]:
+    """RLIMIT_AS for memory; RLIMIT_CPU = cpu x timeout as a total CPU-seconds budget.
+
+    An rlimit cannot cap a rate, so a 0.5-CPU step may burn a whole core for a while;
+    it just cannot burn more CPU-seconds than it could have under a real cap. The
+    limit is per process (children inherit their own budget).
+    """
+    out: list[tuple[int, int, int]] = []
+    if limits.memory_mb is not None:
+        b = limits.memory_mb << 20
+        out.append((resource.RLIMIT_AS, b, b))
+    if limits.cpu is not None and math.isfinite(timeout_s):
+        budget = max(1, math.ceil(limits.cpu * timeout_s))
+        out.append((resource.RLIMIT_CPU, budget, budget + 1))
+    return out
+
+
+def _apply_cgroup(limits: Limits, mechanism: str, timeout_s: float) -> Applied:
+    bases = _base_dirs(mechanism)
+    name = f"run-{os.getpid()}-{next(_counter)}"
+    dirs: list[Path] = []
+    rl: list[tuple[int, int, int]] = []
+    try:
+        if mechanism == CGROUP_V2:
+            d = bases["unified"] / name
+            d.mkdir()
+            dirs.append(d)
+            if limits.memory_mb is not None:
+                _write(d / "memory.max", str(limits.memory_mb << 20))
+                with contextlib.suppress(OSError):
+                    _write(d / "memory.swap.max", "0")
+            if limits.cpu is not None:
+                _write(d / "cpu.max", f"{_quota(limits.cpu)} {CPU_PERIOD_US}")
+        else:
+            if limits.memory_mb is not None:
+                d = bases["memory"] / name
+                d.mkdir()
+                dirs.append(d)
+                b = str(limits.memory_mb << 20)
+                _write(d / "memory.limit_in_bytes", b)
+                with contextlib.suppress(OSError):  # absent without swap accounting
+                    _write(d / "memory.memsw.limit_in_bytes", b)
+            if limits.cpu is not None:
+                if "cpu" in bases:
+                    d = bases["cpu"] / name
+                    d.mkdir()
+                    dirs.append(d)
+                    _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                    _write(d / "cpu.cfs_quota_us", str(_quota(limits.cpu)))
+                else:
+                    rl = _rlimits(Limits(cpu=limits.cpu), timeout_s)
+    except OSError:
+        Applied(mechanism, dirs, []).cleanup()
+        raise
+    return Applied(mechanism, dirs, rl)
+
+
+def _quota(cpu: float) -> int:
+    return max(1000, int(cpu * CPU_PERIOD_US))

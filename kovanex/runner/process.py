@@ -1,0 +1,265 @@
+"""Run one step: a shell command in its own session, with limits, a deadline and a log.
+
+Every step gets its own session (and so its own process group), so a timeout or a
+cancel can kill the whole tree, grandchildren included, without touching the agent.
+When the step's shell exits, whatever it left running in the background is killed
+too: a step is over when its shell is, and a straggler writing into the worktree
+would make the snapshot racy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
+
+KILL_GRACE_S = 2.0
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+OK, FAILED, TIMEOUT, KILLED, OOM = "ok", "failed", "timeout", "killed", "oom"
+
+# With rlimits there is no OOM event: an allocation simply fails. These are what
+# common runtimes print when that happens (ADR 0004 documents the heuristic).
+_OOM_HINTS = (
+    b"MemoryError",
+    b"Cannot allocate memory",
+    b"std::bad_alloc",
+    b"out of memory",
+    b"Out of memory",
+    b"memory exhausted",
+)
+_OOM_SIGNALS = (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """How a step ended.
+
+    `exit_code` is the shell's return code (negative = killed by that signal), or
+    None when the runner killed it (timeout, cancel) or it never started. `reason`
+    is a human sentence for anything that is not a plain exit.
+    """
+
+    exit_code: int | None
+    result: str
+    duration_s: float
+    limit_mechanism: str
+    reason: str = ""
+
+
+def step_env(
+    declared: Mapping[str, str],
+    kovanex_vars: Mapping[str, str],
+    *,
+    path: str | None = None,
+    home: str | None = None,
+) -> dict[str, str]:
+    """A step environment built from nothing, so agent secrets can never leak into it.
+
+    Order of precedence (last wins): defaults, declared env, KOVANEX_* vars; a task
+    cannot spoof the engine's own variables. HOME is `home`, else the step's
+    worktree (KOVANEX_WORKTREE), else a fresh private temp dir.
+    """
+    for k in kovanex_vars:
+        if not k.startswith("KOVANEX_"):
+            raise ValueError(f"kovanex variable {k!r} must start with KOVANEX_")
+    for k, v in [*declared.items(), *kovanex_vars.items()]:
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise ValueError(f"invalid environment entry {k!r}")
+    if home is None:
+        home = kovanex_vars.get("KOVANEX_WORKTREE") or tempfile.mkdtemp(prefix="kovanex-home-")
+    env = {"PATH": path or SAFE_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
+    env.update(declared)
+    env.update(kovanex_vars)
+    return env
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Non-zombie processes in a process group (zombies may linger if init doesn't reap)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_tree(pgid: int, applied: Applied, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    applied.kill_all(sig)
+
+
+def _tree_alive(proc: asyncio.subprocess.Process, pgid: int, applied: Applied) -> bool:
+    return proc.returncode is None or bool(_live_members(pgid)) or bool(applied.pids())
+
+
+async def _wait_tree(
+    proc: asyncio.subprocess.Process, pgid: int, applied: Applied, deadline: float
+) -> bool:
+    """Wait until the leader is reaped and the group/cgroup is empty; False at the deadline."""
+    while _tree_alive(proc, pgid, applied):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if proc.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), min(left, 0.05))
+        else:
+            await asyncio.sleep(min(left, 0.01))  # no event exists for "group empty"
+    return True
+
+
+async def _terminate(
+    proc: asyncio.subprocess.Process, pgid: int, applied: Applied, grace_s: float
+) -> None:
+    """SIGTERM the whole tree, give it `grace_s`, then SIGKILL whatever is left."""
+    if not _tree_alive(proc, pgid, applied):
+        return
+    _signal_tree(pgid, applied, signal.SIGTERM)
+    if await _wait_tree(proc, pgid, applied, time.monotonic() + grace_s):
+        return
+    _signal_tree(pgid, applied, signal.SIGKILL)
+    await _wait_tree(proc, pgid, applied, time.monotonic() + 5.0)
+
+
+def _append(log_path: Path, text: str) -> None:
+    with open(log_path, "ab+") as f:
+        f.seek(0, os.SEEK_END)
+        prefix = b""
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            prefix = b"" if f.read(1) == b"\n" else b"\n"
+        f.write(prefix + f"[kovanex: {text}]\n".encode())
+
+
+def _tail(log_path: Path, start: int, n: int = 8192) -> bytes:
+    with open(log_path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(start, size - n))
+        return f.read()
+
+
+def _looks_oom(
+    applied: Applied, limits: Limits | None, rc: int, log_path: Path, start: int
+) -> bool:
+    if rc == 0 or limits is None or limits.memory_mb is None:
+        return False
+    if applied.mechanism in (CGROUP_V1, CGROUP_V2):
+        return applied.oom_kills() > 0
+    if applied.mechanism == RLIMIT:
+        sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
+        if sig in _OOM_SIGNALS:
+            return True
+        return any(h in _tail(log_path, start) for h in _OOM_HINTS)
+    return False
+
+
+async def run_step(
+    command: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    log_path: Path,
+    limits: Limits | None = None,
+    cancel: asyncio.Event | None = None,
+    on_start: Callable[[int], None] | None = None,
+    kill_grace_s: float = KILL_GRACE_S,
+) -> StepOutcome:
+    """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
+
+    The child writes straight into the log file (no pipe through the agent), so
+    followers see output as soon as the child flushes it, and a busy event loop
+    can never stall a chatty step. `timeout_s` may be math.inf (services).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    applied = apply(limits, timeout_s=timeout_s)
+    mechanism = applied.mechanism
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=fd,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=applied.preexec,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        applied.cleanup()
+        reason = f"could not start step: {exc}"
+        _append(log_path, reason)
+        return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
+    finally:
+        os.close(fd)
+    pgid = proc.pid  # start_new_session: the leader's pid is the pgid
+    if on_start is not None:
+        on_start(proc.pid)
+
+    waiter = asyncio.ensure_future(proc.wait())
+    canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+    try:
+        timeout = timeout_s if math.isfinite(timeout_s) else None
+        aws = {waiter} if canceller is None else {waiter, canceller}
+        done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            await _terminate(proc, pgid, applied, kill_grace_s)
+            result, reason = (
+                (KILLED, "step cancelled; process group killed")
+                if canceller is not None and canceller in done
+                else (TIMEOUT, f"step timed out after {timeout_s:g}s; process group killed")
+            )
+            _append(log_path, reason)
+            return StepOutcome(None, result, time.monotonic() - t0, mechanism, reason)
+        rc = waiter.result()
+        leftovers = _tree_alive(proc, pgid, applied)
+        await _terminate(proc, pgid, applied, kill_grace_s)
+        if _looks_oom(applied, limits, rc, log_path, start):
+            assert limits is not None and limits.memory_mb is not None
+            reason = f"step hit the memory limit of {limits.memory_mb} MiB ({mechanism})"
+            _append(log_path, reason)
+            return StepOutcome(rc, OOM, time.monotonic() - t0, mechanism, reason)
+        reason = "background processes left by the step were killed" if leftovers else ""
+        if rc != 0:
+            reason = f"exit code {rc}" + (f"; {reason}" if reason else "")
+        return StepOutcome(rc, OK if rc == 0 else FAILED, time.monotonic() - t0, mechanism, reason)
+    except asyncio.CancelledError:
+        # The agent itself is cancelling us: no grace, but never leak the tree.
+        _signal_tree(pgid, applied, signal.SIGKILL)
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(_wait_tree(proc, pgid, applied, time.monotonic() + 5.0))
+        raise
+    finally:
+        for t in (waiter, canceller):
+            if t is not None and not t.done():
+                t.cancel()
+        await asyncio.shield(applied.close())

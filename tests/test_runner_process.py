@@ -1,0 +1,255 @@
+"""run_step with real processes: results, live logs, whole-tree kills, clean environment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import uvloop
+
+from kovanex.runner import Limits, detect, follow, run_step, step_env
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie: our container's init may not reap orphans promptly."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+async def await_until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return step_env({}, {"KOVANEX_TASK": "t1"}, home=str(tmp_path))
+
+
+def run(tmp_path: Path, command: str, **kw):
+    kw.setdefault("timeout_s", 10.0)
+    return asyncio.run(
+        run_step(command, cwd=tmp_path, env=env_for(tmp_path), log_path=tmp_path / "log", **kw)
+    )
+
+
+def test_ok_and_failed_with_merged_output(tmp_path: Path) -> None:
+    out = run(tmp_path, "echo to-out; echo to-err >&2")
+    assert (out.result, out.exit_code, out.limit_mechanism) == ("ok", 0, "none")
+    assert (tmp_path / "log").read_text() == "to-out\nto-err\n"
+    out = run(tmp_path, "echo again; exit 7")
+    assert (out.result, out.exit_code) == ("failed", 7)
+    assert (tmp_path / "log").read_text() == "to-out\nto-err\nagain\n"  # appended
+
+
+def test_on_start_gets_the_session_leader_pid(tmp_path: Path) -> None:
+    pids: list[int] = []
+    out = run(tmp_path, "echo $$ > me; ps -o sid= -p $$ > sid", on_start=pids.append)
+    assert out.result == "ok"
+    assert pids == [int((tmp_path / "me").read_text())]
+    assert int((tmp_path / "sid").read_text()) == pids[0]  # its own session
+
+
+def test_spawn_failure_is_a_failed_step(tmp_path: Path) -> None:
+    out = asyncio.run(
+        run_step(
+            "true",
+            cwd=tmp_path / "missing",
+            env=env_for(tmp_path),
+            timeout_s=5,
+            log_path=tmp_path / "log",
+        )
+    )
+    assert out.result == "failed" and out.exit_code is None
+    assert "could not start step" in (tmp_path / "log").read_text()
+
+
+def test_log_is_streamed_while_the_step_runs(tmp_path: Path) -> None:
+    """The second line only gets written after we have seen the first one in the log."""
+
+    async def main() -> bytes:
+        log = tmp_path / "log"
+        step = asyncio.create_task(
+            run_step(
+                "echo first; while [ ! -e go ]; do sleep 0.01; done; echo second",
+                cwd=tmp_path,
+                env=env_for(tmp_path),
+                timeout_s=10,
+                log_path=log,
+            )
+        )
+        seen = b""
+        async for chunk in follow(log, done=step.done):
+            seen += chunk
+            if b"first" in seen and not (tmp_path / "go").exists():
+                assert not step.done()
+                (tmp_path / "go").touch()
+        assert (await step).result == "ok"
+        return seen
+
+    assert asyncio.run(main()) == b"first\nsecond\n"
+
+
+def test_timeout_kills_grandchildren(tmp_path: Path) -> None:
+    out = run(
+        tmp_path,
+        "sh -c 'sleep 300 & echo $! > gc.pid; wait' & echo $! > c.pid; wait",
+        timeout_s=1.0,
+    )
+    assert (out.result, out.exit_code) == ("timeout", None)
+    assert 0.9 < out.duration_s < 5
+    for name in ("gc.pid", "c.pid"):
+        pid = int((tmp_path / name).read_text())
+        assert wait_until(lambda p=pid: gone(p)), f"{name} survived"
+    assert "timed out after 1s" in (tmp_path / "log").read_text()
+
+
+def test_sigterm_ignoring_step_gets_sigkill_after_grace(tmp_path: Path) -> None:
+    out = run(
+        tmp_path,
+        "trap '' TERM; echo $$ > me; sleep 300 & wait; wait",
+        timeout_s=0.5,
+        kill_grace_s=0.3,
+    )
+    assert out.result == "timeout"
+    assert 0.75 < out.duration_s < 3
+    assert wait_until(lambda: gone(int((tmp_path / "me").read_text())))
+
+
+def test_cancel_kills_the_tree_and_reports_killed(tmp_path: Path) -> None:
+    async def main():
+        cancel = asyncio.Event()
+        pids: list[int] = []
+        step = asyncio.create_task(
+            run_step(
+                "sleep 300 & echo $! > gc.pid; wait",
+                cwd=tmp_path,
+                env=env_for(tmp_path),
+                timeout_s=60,
+                log_path=tmp_path / "log",
+                cancel=cancel,
+                on_start=pids.append,
+            )
+        )
+        await await_until(lambda: (tmp_path / "gc.pid").exists() and bool(pids))
+        cancel.set()
+        return await step, pids[0]
+
+    out, leader = asyncio.run(main())
+    assert (out.result, out.exit_code) == ("killed", None)
+    assert out.duration_s < 5
+    assert wait_until(lambda: gone(leader))
+    assert wait_until(lambda: gone(int((tmp_path / "gc.pid").read_text())))
+
+
+def test_cancelling_the_runner_task_still_kills_the_tree(tmp_path: Path) -> None:
+    async def main() -> int:
+        step = asyncio.create_task(
+            run_step(
+                "sleep 300 & echo $! > gc.pid; wait",
+                cwd=tmp_path,
+                env=env_for(tmp_path),
+                timeout_s=60,
+                log_path=tmp_path / "log",
+            )
+        )
+        await await_until(lambda: (tmp_path / "gc.pid").exists())
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        return int((tmp_path / "gc.pid").read_text())
+
+    pid = asyncio.run(main())
+    assert wait_until(lambda: gone(pid))
+
+
+def test_background_leftovers_are_killed_when_the_shell_exits(tmp_path: Path) -> None:
+    out = run(tmp_path, "sleep 300 & echo $! > bg.pid", kill_grace_s=0.5)
+    assert out.result == "ok"
+    assert "background processes" in out.reason
+    assert wait_until(lambda: gone(int((tmp_path / "bg.pid").read_text())))
+
+
+@pytest.mark.skipif(detect() == "rlimit", reason="needs cgroups to track setsid escapes")
+def test_cgroup_catches_a_grandchild_that_left_the_session(tmp_path: Path) -> None:
+    out = run(
+        tmp_path,
+        "setsid sleep 300 & echo $! > esc.pid; wait",
+        timeout_s=1.0,
+        limits=Limits(memory_mb=256),
+    )
+    assert out.result == "timeout"
+    pid = int((tmp_path / "esc.pid").read_text())
+    assert wait_until(lambda: gone(pid))
+
+
+def test_runs_under_uvloop(tmp_path: Path) -> None:
+    async def main():
+        return await run_step(
+            "echo uv",
+            cwd=tmp_path,
+            env=env_for(tmp_path),
+            timeout_s=5,
+            log_path=tmp_path / "log",
+            limits=Limits(memory_mb=256),
+        )
+
+    out = uvloop.run(main())
+    assert out.result == "ok" and out.limit_mechanism == detect()
+    assert (tmp_path / "log").read_text() == "uv\n"
+
+
+def test_step_env_is_built_from_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOVANEX_CLUSTER_KEY", "s3cret-cluster")
+    monkeypatch.setenv("KOVANEX_RPC_TOKEN", "s3cret-rpc")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cret-aws")
+    env = step_env(
+        {"GREETING": "hi", "PATH": "/usr/bin:/bin", "KOVANEX_TASK": "spoof"},
+        {"KOVANEX_TASK": "t1", "KOVANEX_WORKTREE": str(tmp_path)},
+    )
+    assert env == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "GREETING": "hi",
+        "KOVANEX_TASK": "t1",
+        "KOVANEX_WORKTREE": str(tmp_path),
+    }
+    out = asyncio.run(
+        run_step("env", cwd=tmp_path, env=env, timeout_s=5, log_path=tmp_path / "log")
+    )
+    assert out.result == "ok"
+    seen = dict(
+        line.split("=", 1) for line in (tmp_path / "log").read_text().splitlines() if "=" in line
+    )
+    assert "s3cret" not in (tmp_path / "log").read_text()
+    assert seen["GREETING"] == "hi" and seen["KOVANEX_TASK"] == "t1"
+    assert set(seen) - set(env) <= {"PWD", "SHLVL", "_", "OLDPWD"}  # what sh itself adds
+
+
+def test_step_env_defaults_and_validation(tmp_path: Path) -> None:
+    env = step_env({}, {})
+    assert env["PATH"].startswith("/usr/local/sbin") and Path(env["HOME"]).is_dir()
+    assert os.environ.get("HOME") != env["HOME"]
+    with pytest.raises(ValueError):
+        step_env({}, {"SECRET": "x"})
+    with pytest.raises(ValueError):
+        step_env({"A=B": "x"}, {})
