@@ -1,0 +1,170 @@
+"""The task ledger: task branches read as state machines and written with fenced CAS commits.
+
+Every write names the tip it was decided on (`expected_tip`) and the lease it was decided
+under (`lease_epoch`). The epoch check and the ref CAS are made against that same tip, so a
+write can only land if nothing has happened since the decision: a fenced writer (older epoch)
+is refused, a writer who lost a race gets CasConflict and must re-read (never retry blindly).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kovanex.core import task as core
+from kovanex.core.task import TaskView, Transition
+from kovanex.gitstate import trailers
+from kovanex.gitstate.store import EMPTY_TREE, CasConflict, RefStore, StaleEpoch
+
+TASK_PREFIX = "refs/heads/task/"
+SPEC_PATH = ".kovanex/task.toml"
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_IDENT_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def valid_task_id(task_id: str) -> bool:
+    """The id pattern, minus what git refuses in a ref name ("..", a ".lock" or "." ending)."""
+    return (
+        bool(_TASK_ID.match(task_id))
+        and ".." not in task_id
+        and not task_id.endswith((".lock", "."))
+    )
+
+
+def task_ref(task_id: str) -> str:
+    if not valid_task_id(task_id):
+        raise ValueError(f"invalid task id {task_id!r}")
+    return TASK_PREFIX + task_id
+
+
+def task_id_of(ref: str) -> str | None:
+    """The task id of a task ref, None for any other ref (including a nested task/a/b)."""
+    if not ref.startswith(TASK_PREFIX):
+        return None
+    tid = ref[len(TASK_PREFIX) :]
+    return tid if valid_task_id(tid) else None
+
+
+class NoSuchTask(LookupError):
+    pass
+
+
+class AlreadyClaimed(Exception):
+    """A claim lost: somebody else moved the branch. Reports what the re-read found."""
+
+    def __init__(self, task_id: str, holder: str, epoch: int, state: str) -> None:
+        super().__init__(f"task {task_id} is {state} on {holder or '(no node)'} at epoch {epoch}")
+        self.task_id = task_id
+        self.holder = holder
+        self.epoch = epoch
+        self.state = state
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: str
+    node: str
+    epoch: int
+    tip: str
+
+
+def subject_for(task_id: str, tr: Transition) -> str:
+    """A human subject line; `git log --oneline task/<id>` should read like an audit trail."""
+    s = f"kovanex: {tr.state} {task_id}"
+    if tr.step is not None:
+        s += f" step {tr.step + 1}/{max(tr.total, tr.step + 1)} {tr.step_name} {tr.result}".rstrip()
+    if tr.node:
+        s += f" on {tr.node}"
+    return s + f" (epoch {tr.epoch})"
+
+
+def transition_of(message: str) -> Transition | None:
+    return Transition.from_trailers(trailers.trailer_dict(message))
+
+
+class TaskLedger:
+    def __init__(self, store: RefStore, node: str, time: int | None = None) -> None:
+        self.store = store
+        self.node = node
+        self._time = time  # fixed commit time for reproducible oids in tests; None = now
+        safe = _IDENT_SAFE.sub("-", node) or "node"
+        self.author = (f"kovanex {safe}", f"kovanex+{safe}@localhost")
+
+    def tip(self, task_id: str) -> str | None:
+        return self.store.get_ref(task_ref(task_id))
+
+    def read(self, task_id: str) -> TaskView:
+        tip = self.tip(task_id)
+        if tip is None:
+            raise NoSuchTask(task_id)
+        return self._view_at(task_id, tip)
+
+    def _view_at(self, task_id: str, tip: str) -> TaskView:
+        # The epoch is the max over the whole first-parent history, so the walk is complete.
+        commits = [(c.oid, transition_of(c.message)) for c in self.store.walk(tip)]
+        return core.fold(task_id, commits)
+
+    def spec_bytes(self, task_id: str) -> bytes | None:
+        tip = self.tip(task_id)
+        return None if tip is None else self.store.read_file(tip, SPEC_PATH)
+
+    def append(
+        self,
+        task_id: str,
+        transition: Transition,
+        *,
+        expected_tip: str | None,
+        lease_epoch: int,
+        tree: str | None = None,
+        files: dict[str, bytes | None] | None = None,
+        body: str = "",
+    ) -> str:
+        """Write one transition commit on `expected_tip`; returns the new tip."""
+        ref = task_ref(task_id)
+        actual = self.store.get_ref(ref)
+        if actual != expected_tip:
+            raise CasConflict(ref, expected_tip, actual)
+        if expected_tip is not None:
+            view = self._view_at(task_id, expected_tip)
+            if lease_epoch < view.epoch:
+                raise StaleEpoch(task_id, lease_epoch, view.epoch)
+            if transition.epoch < view.epoch:
+                raise StaleEpoch(task_id, transition.epoch, view.epoch)
+            base = tree if tree is not None else self.store.read_commit(expected_tip).tree
+        else:
+            base = tree if tree is not None else EMPTY_TREE
+        new_tree = self.store.tree_with(base, files) if files else base
+        message = trailers.build_message(
+            subject_for(task_id, transition),
+            [(core.T_TASK, task_id), *transition.to_trailers()],
+            body,
+        )
+        parents = [expected_tip] if expected_tip is not None else []
+        oid = self.store.create_commit(new_tree, parents, message, self.author, self._time)
+        self.store.cas_ref(ref, oid, expected_tip)
+        return oid
+
+    def claim(self, task_id: str, node: str, score_extra: dict[str, object] | None = None) -> Lease:
+        """Place a queued (or unschedulable) task on `node` with a fresh epoch, by CAS."""
+        view = self.read(task_id)
+        if view.state in (core.QUEUED, core.UNSCHEDULABLE):
+            tr = core.place(view, node, score_extra)
+            try:
+                tip = self.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+                return Lease(task_id, node, tr.epoch, tip)
+            except (CasConflict, StaleEpoch):
+                view = self.read(task_id)  # lost: report what is there now, do not retry
+        raise AlreadyClaimed(task_id, view.node, view.epoch, view.state)
+
+    def history(self, task_id: str) -> list[tuple[str, Transition | None, str]]:
+        tip = self.tip(task_id)
+        if tip is None:
+            raise NoSuchTask(task_id)
+        return [
+            (c.oid, transition_of(c.message), trailers.subject(c.message))
+            for c in self.store.walk(tip)
+        ]
+
+    def list_tasks(self) -> list[str]:
+        ids = (task_id_of(r) for r in self.store.refs(TASK_PREFIX))
+        return sorted(i for i in ids if i is not None)
