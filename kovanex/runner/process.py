@@ -249,6 +249,9 @@ async def run_step(
             _append(log_path, reason)
             return StepOutcome(rc, OOM, time.monotonic() - t0, mechanism, reason)
         reason = "background processes left by the step were killed" if leftovers else ""
+        if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) and limits and limits.cpu is not None:
+            reason = f"CPU-time budget exhausted (RLIMIT_CPU); {reason}".rstrip("; ")
+            _append(log_path, reason)
         if rc != 0:
             reason = f"exit code {rc}" + (f"; {reason}" if reason else "")
         return StepOutcome(rc, OK if rc == 0 else FAILED, time.monotonic() - t0, mechanism, reason)
