@@ -1,0 +1,5 @@
+import sys
+
+from kovanex.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,379 @@
+"""The node agent: hooks hand it pushes; it queues, places and runs tasks.
+
+Git is the state. The agent's memory only caches what the refs say, so a
+restart (or `kill -9`) loses nothing: on start it re-reads every task ref and
+continues. A watchdog watcher plus a periodic sweep catch ref changes that
+bypassed the hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kovanex import config as cfgmod
+from kovanex import spec as specmod
+from kovanex.agent.control import ControlError, ControlServer
+from kovanex.agent.executor import Lease, TaskRun, kill_orphan
+from kovanex.agent.hookserver import HookRequest, HookServer
+from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.watcher import RefWatcher
+from kovanex.core import task as taskcore
+from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
+from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.pushcheck import (
+    ZERO,
+    PushOptions,
+    RefUpdate,
+    check_pre_receive,
+    is_skipped,
+    queue_submission,
+    record_push,
+)
+from kovanex.runner import RunnerSlots
+
+log = logging.getLogger("kovanex.agent")
+SWEEP_S = 5.0
+
+Key = tuple[str, str]
+
+
+class Agent:
+    def __init__(self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig) -> None:
+        self.layout = layout
+        self.cfg = cfg
+        self.node = cfg.name
+        self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
+        self.runs: dict[Key, TaskRun] = {}
+        self.tips: dict[Key, str] = {}
+        self.locks: dict[Key, asyncio.Lock] = {}
+        self.pending: set[Key] = set()
+        self.ledgers: dict[str, TaskLedger] = {}
+        self.placer = Placer(self)
+        self.stop_event = asyncio.Event()
+        self.started = time.time()
+        self.extra_ops: dict[str, Callable[[dict[str, Any]], Any]] = {}
+        self._dirty: set[str] = set()
+        self._kick: asyncio.Event | None = None
+        self.health = None
+        # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
+        # notice the ref move before post-receive arrives, and must still honour them.
+        self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
+
+    # -- repos and ledgers -------------------------------------------------------------
+    def repo_path(self, repo: str) -> Path:
+        return self.layout.repo(repo)
+
+    def repos(self) -> list[str]:
+        if not self.layout.repos.exists():
+            return []
+        return sorted(p.name[:-4] for p in self.layout.repos.glob("*.git") if p.is_dir())
+
+    def ledger(self, repo: str) -> TaskLedger:
+        led = self.ledgers.get(repo)
+        if led is None:
+            led = TaskLedger(Pygit2Store(str(self.repo_path(repo))), node=self.node)
+            self.ledgers[repo] = led
+        return led
+
+    def health_score(self) -> float:
+        return 1.0 if self.health is None else self.health.score()
+
+    def remote_nodes(self) -> list:
+        """Other members' NodeInfo, from gossip (empty on a single node)."""
+        return []
+
+    def saw_tip(self, repo: str, task_id: str, tip: str) -> None:
+        self.tips[(repo, task_id)] = tip
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def run(self, on_ready: Callable[[], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        self.layout.run.mkdir(parents=True, exist_ok=True)
+        self._kick = asyncio.Event()
+        self.watcher = RefWatcher(self.layout.repos, loop, self._on_ref_change)
+        for repo in self.repos():
+            self.watcher.watch(self.repo_path(repo))
+        self.watcher.start()
+        self.hooks = HookServer(self.layout.hook_endpoint, self._on_hook)
+        self.control = ControlServer(self.layout.control_socket, self._on_control)
+        await self.control.start()
+        await self.reconcile_all()
+        await self.hooks.start()
+        self.layout.pid_file.write_text(f"{os.getpid()}\n")
+        workers = [asyncio.create_task(self._sweeper()), asyncio.create_task(self._dispatcher())]
+        log.info("agent %s ready (hook port %d)", self.node, self.hooks.port)
+        if on_ready:
+            on_ready()
+        await self.stop_event.wait()
+        log.info("agent %s stopping", self.node)
+        await self.hooks.close()
+        for run in list(self.runs.values()):
+            run.stand_down("agent stopping; the task resumes when an agent restarts")
+        for w in workers:
+            w.cancel()
+        if self.runs:
+            await asyncio.wait(
+                [asyncio.create_task(asyncio.sleep(0))]
+                + [asyncio.create_task(self._wait_run(k)) for k in list(self.runs)],
+                timeout=10,
+            )
+        self.watcher.stop()
+        await self.control.close()
+        self.layout.pid_file.unlink(missing_ok=True)
+
+    async def _wait_run(self, key: Key) -> None:
+        while key in self.runs:
+            await asyncio.sleep(0.05)
+
+    async def _sweeper(self) -> None:
+        """Anti-entropy: a periodic full read of the refs catches anything missed."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self.reconcile_all()
+            except Exception:
+                log.exception("sweep failed")
+
+    async def _dispatcher(self) -> None:
+        """Coalesce ref-change notifications and slot releases into reconciles."""
+        assert self._kick is not None
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            dirty, self._dirty = self._dirty, set()
+            for repo in sorted(dirty):
+                await self.reconcile_repo(repo)
+            await self.schedule_pending()
+
+    def _on_ref_change(self, repo: str) -> None:
+        self._dirty.add(repo)
+        if self._kick is not None:
+            self._kick.set()
+
+    def run_finished(self, run: TaskRun) -> None:
+        self.runs.pop(run.key, None)
+        self.slots.release()
+        self.pending.add(run.key)
+        self._on_ref_change(run.lease.repo)
+
+    # -- reconcile ---------------------------------------------------------------------
+    async def reconcile_all(self) -> None:
+        for repo in self.repos():
+            self.watcher.watch(self.repo_path(repo))
+            await self.reconcile_repo(repo, force=True)
+        await self.schedule_pending()
+
+    async def reconcile_repo(self, repo: str, force: bool = False) -> None:
+        if not self.repo_path(repo).exists():
+            return
+        refs = self.ledger(repo).store.refs("refs/heads/task/")
+        for ref, tip in sorted(refs.items()):
+            task_id = task_id_of(ref)
+            if task_id is None:
+                continue
+            key = (repo, task_id)
+            if force or self.tips.get(key) != tip:
+                await self.reconcile_task(repo, task_id)
+
+    async def reconcile_task(self, repo: str, task_id: str) -> None:
+        key = (repo, task_id)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            ledger = self.ledger(repo)
+            view = ledger.read(task_id)
+            self.tips[key] = view.tip
+            run = self.runs.get(key)
+            if run is not None and (
+                view.epoch != run.lease.epoch
+                or view.node != self.node
+                or view.state not in (taskcore.PLACED, taskcore.RUNNING)
+            ):
+                run.stand_down(f"task is now {view.state} {view.node}@{view.epoch}")
+            if view.state == taskcore.SUBMITTED:
+                opts = self.push_opts.pop((repo, task_id, view.tip), None)
+                if opts is not None and opts.skip:
+                    record_push(
+                        ledger, [RefUpdate("", view.tip, f"refs/heads/task/{task_id}")], opts
+                    )
+                if is_skipped(ledger, task_id, view.tip):
+                    return
+                queue_submission(ledger, task_id, opts.priority if opts else None)
+                view = ledger.read(task_id)
+                self.tips[key] = view.tip
+            if view.state in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
+                self.pending.add(key)
+            elif (
+                view.state in (taskcore.PLACED, taskcore.RUNNING)
+                and view.node == self.node
+                and key not in self.runs
+            ):
+                # Our lease, but nothing runs it here: we restarted. Fence the old lease
+                # with a new epoch and place again; finished steps are kept.
+                pidfile = self.layout.run / "steps" / f"{repo}__{task_id}.json"
+                if kill_orphan(pidfile):
+                    log.info("%s/%s: killed an orphaned step from before the restart", *key)
+                tr = taskcore.requeue(view, f"agent {self.node} restarted; resuming")
+                try:
+                    tip = ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+                    self.tips[key] = tip
+                    self.pending.add(key)
+                except (CasConflict, StaleEpoch):
+                    self._on_ref_change(repo)
+            else:
+                self.pending.discard(key)
+
+    async def schedule_pending(self) -> None:
+        """Place queued tasks, highest priority first; capacity waits keep them queued."""
+        if not self.pending:
+            return
+        order: list[tuple[int, str, Key]] = []
+        for key in list(self.pending):
+            view = self.ledger(key[0]).read(key[1])
+            if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
+                self.pending.discard(key)
+                continue
+            prio = self._priority(key)
+            order.append((-prio, view.tip, key))
+        for _, _, key in sorted(order):
+            await self._schedule(key)
+
+    def _priority(self, key: Key) -> int:
+        for _oid, tr, _subj in self.ledger(key[0]).history(key[1])[:50]:
+            if tr is not None and "Priority" in tr.extra:
+                try:
+                    return int(tr.extra["Priority"])
+                except ValueError:
+                    return 50
+        return 50
+
+    async def _schedule(self, key: Key) -> None:
+        repo, task_id = key
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            ledger = self.ledger(repo)
+            view = ledger.read(task_id)
+            if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
+                self.pending.discard(key)
+                return
+            try:
+                spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
+            except specmod.SpecError as e:
+                self._unschedulable(ledger, view, f"invalid spec: {e}")
+                self.pending.discard(key)
+                return
+            decision = self.placer.place(repo, task_id, spec)
+            if decision.waiting:
+                return  # capacity will free up; stay queued without writing
+            if decision.node is None:
+                self._unschedulable(ledger, view, decision.reason)
+                return
+            if decision.node != self.node:
+                return  # another node's agent claims it (multi-node placement)
+            if not self.slots.try_acquire():
+                return
+            try:
+                lease = ledger.claim(task_id, self.node, decision.extra)
+            except AlreadyClaimed as e:
+                self.slots.release()
+                log.info("%s/%s claimed by %s", repo, task_id, e)
+                self.pending.discard(key)
+                return
+            except (CasConflict, StaleEpoch):
+                self.slots.release()
+                return
+            self.pending.discard(key)
+            self.tips[key] = lease.tip
+            run = TaskRun(self, Lease(repo, task_id, self.node, lease.epoch))
+            run.request = request_of(repo, task_id, spec)
+            self.runs[key] = run
+            asyncio.create_task(run.run())
+
+    def _unschedulable(self, ledger: TaskLedger, view: taskcore.TaskView, reason: str) -> None:
+        if view.state == taskcore.UNSCHEDULABLE and view.reason == " ".join(reason.split()):
+            return
+        tr = taskcore.mark_unschedulable(view, reason)
+        try:
+            ledger.append(view.task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+        except (CasConflict, StaleEpoch):
+            pass
+
+    # -- hooks -------------------------------------------------------------------------
+    async def _on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
+        updates = [RefUpdate.parse(r) for r in req.refs]
+        options = PushOptions.parse(req.options)
+        repo = Path(req.git_dir).name.removesuffix(".git")
+        if req.phase == "pre-receive":
+            verdict = check_pre_receive(
+                req.git_dir,
+                req.quarantine or None,
+                updates,
+                options,
+                node=self.node,
+                preview=lambda tid, spec: self.placer.preview(repo, tid, spec),
+            )
+            if verdict.ok:
+                for u in updates:
+                    tid = task_id_of(u.ref)
+                    if tid is not None and u.new != ZERO:
+                        self.push_opts[(repo, tid, u.new)] = options
+            return verdict.ok, verdict.messages
+        if req.phase == "post-receive":
+            self.watcher.watch(self.repo_path(repo))
+            msgs = []
+            for u in updates:
+                tid = task_id_of(u.ref)
+                if tid is None or u.new == ZERO:
+                    continue
+                self.push_opts.setdefault((repo, tid, u.new), options)
+                await self.reconcile_task(repo, tid)
+                view = self.ledger(repo).read(tid)
+                what = "skipped (push option skip)" if view.state == "submitted" else view.state
+                msgs.append(
+                    f"kovanex: task {tid} {what} on {self.node}; "
+                    f"follow it: kovanex task logs {tid} --follow"
+                )
+            self._on_ref_change(repo)
+            return True, msgs
+        return False, [f"kovanex: unknown hook phase {req.phase!r}"]
+
+    # -- control -----------------------------------------------------------------------
+    async def _on_control(self, op: str, args: dict[str, Any]) -> Any:
+        if op == "ping":
+            return {"node": self.node, "pid": os.getpid()}
+        if op == "status":
+            return {
+                "node": self.node,
+                "pid": os.getpid(),
+                "uptime_s": round(time.time() - self.started, 1),
+                "runners": {"total": self.slots.total, "used": self.slots.used},
+                "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
+                "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
+                "hook_port": self.hooks.port,
+            }
+        if op == "reconcile":
+            await self.reconcile_all()
+            return True
+        fn = self.extra_ops.get(op)
+        if fn is None:
+            raise ControlError(f"unknown operation {op!r}")
+        res = fn(args)
+        if asyncio.iscoroutine(res):
+            res = await res
+        return res
+
+
+def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:
+    cfg = cfgmod.load(layout)
+    import uvloop
+
+    uvloop.run(Agent(layout, cfg).run(on_ready))

@@ -1,0 +1,273 @@
+"""Run one task's lease on this node: start, steps in order, commit each result.
+
+Every write is a compare-and-swap under the lease epoch. If a write is refused
+(the task was cancelled, superseded by a new push, or re-placed elsewhere), the
+run re-reads, stands down and kills its step: it never retries blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from kovanex import spec as specmod
+from kovanex.core import task as taskcore
+from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.runner import logs as runlogs
+from kovanex.runner import worktree
+from kovanex.runner.limits import Limits
+from kovanex.runner.process import run_step, step_env
+
+if TYPE_CHECKING:
+    from kovanex.agent.daemon import Agent
+
+log = logging.getLogger("kovanex.executor")
+
+
+class StandDown(Exception):
+    """The lease is no longer ours; stop without writing."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    repo: str
+    task_id: str
+    node: str
+    epoch: int
+
+
+class TaskRun:
+    def __init__(self, agent: Agent, lease: Lease) -> None:
+        self.agent = agent
+        self.lease = lease
+        self.cancel = asyncio.Event()
+        self.why = ""
+        self.key = (lease.repo, lease.task_id)
+        self.ledger = agent.ledger(lease.repo)
+        self.wt = agent.layout.work / lease.repo / lease.task_id
+        self.pidfile = agent.layout.run / "steps" / f"{lease.repo}__{lease.task_id}.json"
+
+    def stand_down(self, why: str) -> None:
+        if not self.cancel.is_set():
+            log.info("%s/%s: standing down: %s", *self.key, why)
+            self.why = why
+            self.cancel.set()
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except StandDown as e:
+            log.info("%s/%s stood down: %s", *self.key, e)
+        except Exception:
+            log.exception("%s/%s: run crashed; it resumes on the next reconcile", *self.key)
+        finally:
+            self._forget_pid()
+            try:
+                await asyncio.to_thread(
+                    worktree.remove, self.agent.repo_path(self.lease.repo), self.wt
+                )
+            except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
+                log.debug("worktree cleanup failed", exc_info=True)
+            self.agent.run_finished(self)
+
+    def _view(self) -> taskcore.TaskView:
+        view = self.ledger.read(self.lease.task_id)
+        if (
+            view.epoch != self.lease.epoch
+            or view.node != self.lease.node
+            or view.state not in (taskcore.PLACED, taskcore.RUNNING)
+        ):
+            raise StandDown(f"lease moved: now {view.state} {view.node}@{view.epoch}")
+        return view
+
+    def _append(
+        self,
+        view: taskcore.TaskView,
+        tr: taskcore.Transition,
+        tree: str | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> taskcore.TaskView:
+        try:
+            tip = self.ledger.append(
+                self.lease.task_id,
+                tr,
+                expected_tip=view.tip,
+                lease_epoch=self.lease.epoch,
+                tree=tree,
+                files=files,
+            )
+        except (CasConflict, StaleEpoch) as e:
+            raise StandDown(f"write refused: {e}") from e
+        self.agent.saw_tip(self.lease.repo, self.lease.task_id, tip)
+        return taskcore.apply(view, tip, tr)
+
+    async def _run(self) -> None:
+        view = self._view()
+        data = self.ledger.spec_bytes(self.lease.task_id)
+        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH)
+        total = len(spec.steps)
+        if view.state == taskcore.PLACED:
+            view = self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
+        repo_path = self.agent.repo_path(self.lease.repo)
+        await asyncio.to_thread(worktree.prepare, repo_path, view.tip, self.wt)
+        while True:
+            if self.cancel.is_set():
+                raise StandDown(self.why)
+            view = self._view()
+            index = taskcore.next_step(view, total)
+            if index is None:
+                return
+            step = spec.steps[index]
+            if spec.kind == "deployment" and index == total - 1:
+                await self._serve(spec, step, index, view)
+                return
+            view, fresh = await self._step(spec, step, index, total, view)
+            if view.state in taskcore.TERMINAL:
+                return
+            if fresh:
+                await asyncio.to_thread(worktree.prepare, repo_path, view.tip, self.wt)
+
+    def _env(self, spec: specmod.TaskSpec, step: specmod.Step, index: int) -> dict[str, str]:
+        kx = {
+            "KOVANEX_TASK": self.lease.task_id,
+            "KOVANEX_REPO": self.lease.repo,
+            "KOVANEX_NODE": self.lease.node,
+            "KOVANEX_EPOCH": str(self.lease.epoch),
+            "KOVANEX_STEP": step.name,
+            "KOVANEX_STEP_INDEX": str(index + 1),
+            "KOVANEX_WORKTREE": str(self.wt),
+        }
+        if spec.agent is not None:
+            if spec.agent.prompt:
+                kx["KOVANEX_PROMPT"] = str(self.wt / spec.agent.prompt)
+            kx["KOVANEX_CONTEXT"] = ":".join(str(self.wt / c) for c in spec.agent.context)
+        return step_env(dict(step.env), kx, path=os.environ.get("PATH"))
+
+    def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:
+        if step.agent and spec.agent is not None:
+            return spec.agent.command
+        return step.run or "true"
+
+    async def _step(
+        self,
+        spec: specmod.TaskSpec,
+        step: specmod.Step,
+        index: int,
+        total: int,
+        view: taskcore.TaskView,
+    ) -> tuple[taskcore.TaskView, bool]:
+        log_path = self.agent.layout.step_log(
+            self.lease.repo, self.lease.task_id, index + 1, step.name
+        )
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as f:
+            f.write(
+                f"--- kovanex: step {index + 1}/{total} {step.name} on {self.lease.node} "
+                f"epoch {self.lease.epoch} attempt {view.attempt}\n".encode()
+            )
+        limits = Limits(cpu=spec.placement.cpu, memory_mb=spec.placement.memory_mb)
+        outcome = await run_step(
+            self._command(spec, step),
+            cwd=self.wt,
+            env=self._env(spec, step, index),
+            timeout_s=float(step.timeout_s),
+            log_path=log_path,
+            limits=limits,
+            cancel=self.cancel,
+            on_start=self._remember_pid,
+        )
+        self._forget_pid()
+        if self.cancel.is_set():
+            raise StandDown(self.why)
+        with open(log_path, "ab") as f:
+            f.write(
+                f"--- kovanex: {outcome.result} exit={outcome.exit_code} "
+                f"in {outcome.duration_s:.2f}s (limits: {outcome.limit_mechanism})\n".encode()
+            )
+        rel = f".kovanex/logs/{index + 1}-{step.name}.log"
+        capped = runlogs.capped(log_path.read_bytes())
+        view = self._view()
+        trs = taskcore.step_done(
+            view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
+        )
+        if outcome.result == "ok":
+            (self.wt / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.wt / rel).write_bytes(capped)
+            tree = await asyncio.to_thread(worktree.snapshot, self.wt)
+            view = self._append(view, trs[0], tree=tree)
+            fresh = False
+        else:
+            # A failed step's file changes are not kept: a retry starts from the last good tree.
+            view = self._append(view, trs[0], files={rel: capped})
+            fresh = True
+        for tr in trs[1:]:
+            view = self._append(view, tr)
+        return view, fresh
+
+    async def _serve(
+        self, spec: specmod.TaskSpec, step: specmod.Step, index: int, view: taskcore.TaskView
+    ) -> None:
+        """A deployment's last step: a service restarted with backoff until cancelled."""
+        from kovanex.core.backoff import Backoff
+        from kovanex.runner.service import supervise
+
+        log_path = self.agent.layout.step_log(
+            self.lease.repo, self.lease.task_id, index + 1, step.name
+        )
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        def restarted(count: int, delay: float) -> None:
+            log.info("%s/%s: service restart %d after %.1fs", *self.key, count, delay)
+
+        await supervise(
+            self._command(spec, step),
+            cwd=self.wt,
+            env=self._env(spec, step, index),
+            log_path=log_path,
+            limits=Limits(cpu=spec.placement.cpu, memory_mb=spec.placement.memory_mb),
+            cancel=self.cancel,
+            backoff=Backoff(),
+            on_restart=restarted,
+        )
+        raise StandDown(self.why or "service stopped")
+
+    def _remember_pid(self, pid: int) -> None:
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            created = 0.0
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.pidfile.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": pid, "created": created, "epoch": self.lease.epoch}))
+        os.replace(tmp, self.pidfile)
+
+    def _forget_pid(self) -> None:
+        try:
+            self.pidfile.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def kill_orphan(pidfile: Path) -> bool:
+    """After a crash, a step left running in its own session must die before we resume."""
+    try:
+        rec = json.loads(pidfile.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    pidfile.unlink(missing_ok=True)
+    try:
+        proc = psutil.Process(int(rec["pid"]))
+        if rec.get("created") and abs(proc.create_time() - float(rec["created"])) > 0.01:
+            return False
+        os.killpg(proc.pid, signal.SIGKILL)
+        return True
+    except (psutil.Error, ProcessLookupError, PermissionError):
+        return False

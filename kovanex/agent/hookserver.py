@@ -1,0 +1,94 @@
+"""Loopback endpoint for the bash hook relays (see docs/decisions/0006-hook-relay.md).
+
+Protocol, one line each: `KOVANEX-HOOK 1 <token> <phase>`, then `git_dir`,
+`quarantine`, `opt <o>`*, `ref <old> <new> <ref>`*, `end`. The agent answers
+`msg <text>`* then `ok` or `reject`. The token keeps other local users out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("kovanex.hooks")
+
+
+@dataclass
+class HookRequest:
+    phase: str
+    git_dir: str = ""
+    quarantine: str = ""
+    options: list[str] = field(default_factory=list)
+    refs: list[str] = field(default_factory=list)
+
+
+Handler = Callable[[HookRequest], Awaitable[tuple[bool, list[str]]]]
+
+
+class HookServer:
+    def __init__(self, endpoint_file: Path, handler: Handler) -> None:
+        self.endpoint_file = endpoint_file
+        self.handler = handler
+        self.token = secrets.token_hex(16)
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.endpoint_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.endpoint_file.with_suffix(".tmp")
+        tmp.write_text(f"{self.port} {self.token}\n")
+        tmp.chmod(0o600)
+        tmp.replace(self.endpoint_file)
+
+    async def close(self) -> None:
+        try:
+            self.endpoint_file.unlink()
+        except FileNotFoundError:
+            pass
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            req = await asyncio.wait_for(self._read(reader), timeout=30)
+            if req is None:
+                return
+            ok, messages = await self.handler(req)
+            out = "".join(f"msg {m.replace(chr(10), ' ')}\n" for m in messages)
+            writer.write((out + ("ok\n" if ok else "reject\n")).encode())
+            await writer.drain()
+        except Exception:  # noqa: BLE001 - the hook falls back to its slow path
+            log.exception("hook request failed")
+        finally:
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> HookRequest | None:
+        head = (await reader.readline()).decode().split()
+        if len(head) != 4 or head[0] != "KOVANEX-HOOK" or head[1] != "1":
+            return None
+        if not hmac.compare_digest(head[2], self.token):
+            log.warning("hook request with a wrong token dropped")
+            return None
+        req = HookRequest(phase=head[3])
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                return None
+            key, _, val = raw.decode().rstrip("\n").partition(" ")
+            if key == "end":
+                return req
+            if key == "git_dir":
+                req.git_dir = val
+            elif key == "quarantine":
+                req.quarantine = val
+            elif key == "opt":
+                req.options.append(val)
+            elif key == "ref" and val.strip():
+                req.refs.append(val)

@@ -1,0 +1,112 @@
+"""Build the scheduler's view (this node + gossip members) and place one task.
+
+The scoring is the pure core (kovanex/core/scoring.py); this shell only gathers
+inputs and turns the answer into the placement commit's trailers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import psutil
+
+from kovanex import spec as specmod
+from kovanex.core import scoring
+
+if TYPE_CHECKING:
+    from kovanex.agent.daemon import Agent
+
+DEFAULT_CPU = 0.1  # a task that names no cpu asks for a tenth of a core (Nomad-like)
+DEFAULT_MEM_MB = 64
+
+
+@dataclass
+class Decision:
+    node: str | None = None
+    reason: str = ""
+    waiting: bool = False  # feasible, but not now: keep queued without writing
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskRequest:
+    p = spec.placement
+    return scoring.TaskRequest(
+        task_id=task_id,
+        repo=repo,
+        labels=dict(p.labels),
+        requires=frozenset(p.requires),
+        cpu=p.cpu if p.cpu is not None else DEFAULT_CPU,
+        memory_mb=p.memory_mb if p.memory_mb is not None else DEFAULT_MEM_MB,
+        priority=spec.priority,
+    )
+
+
+class Placer:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.rr = 0
+        self.cpu_total = float(psutil.cpu_count() or 1)
+        self.mem_total = psutil.virtual_memory().total / 2**20
+
+    def local_node(self) -> scoring.NodeInfo:
+        a = self.agent
+        cpu_used = 0.0
+        mem_used = 0.0
+        for run in a.runs.values():
+            req = getattr(run, "request", None)
+            if req is not None:
+                cpu_used += req.cpu
+                mem_used += req.memory_mb
+        caps = set(a.cfg.capabilities)
+        for m in a.cfg.modules:
+            caps |= set(m.get("provides", []))
+        return scoring.NodeInfo(
+            name=a.node,
+            role=a.cfg.role.upper(),
+            labels=dict(a.cfg.labels),
+            capabilities=frozenset(caps),
+            health=a.health_score(),
+            cpu_total=self.cpu_total,
+            cpu_used=cpu_used,
+            mem_total_mb=self.mem_total,
+            mem_used_mb=mem_used,
+            runners_total=a.slots.total,
+            runners_used=a.slots.used,
+            repos_owned=frozenset(a.repos()),
+        )
+
+    def nodes(self) -> list[scoring.NodeInfo]:
+        return [self.local_node(), *self.agent.remote_nodes()]
+
+    def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
+        req = request_of(repo, task_id, spec)
+        strategy = spec.placement.strategy or self.agent.cfg.strategy
+        nodes = self.nodes()
+        result = scoring.place(
+            scoring.NodeTable.from_nodes(nodes), req, strategy=strategy, rr_counter=self.rr
+        )
+        if isinstance(result, scoring.Unschedulable):
+            idle = [replace(n, cpu_used=0.0, mem_used_mb=0.0, runners_used=0) for n in nodes]
+            again = scoring.place(scoring.NodeTable.from_nodes(idle), req, strategy=strategy)
+            if isinstance(again, scoring.Placement):
+                return Decision(reason=f"waiting for capacity: {result.reason}", waiting=True)
+            return Decision(reason=result.reason)
+        self.rr += 1
+        extra = {
+            "Score": f"{result.score:.3f}",
+            "Score-Breakdown": " ".join(f"{k}={v:.2f}" for k, v in result.breakdown.items()),
+            "Strategy": result.strategy,
+            "Feasible": str(result.feasible),
+        }
+        if result.runners_up:
+            extra["Runners-Up"] = ", ".join(f"{n}={s:.3f}" for n, s, _ in result.runners_up)
+        return Decision(node=result.node, reason=result.reason, extra=extra)
+
+    place = decide
+
+    def preview(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> str:
+        d = self.decide(repo, task_id, spec)
+        if d.node:
+            return f"would place on {d.node}: {d.reason}"
+        return ("would wait: " if d.waiting else "unschedulable: ") + d.reason

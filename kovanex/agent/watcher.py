@@ -1,0 +1,65 @@
+"""Notice task-ref changes that bypassed the hooks (local update-ref, lost notifications).
+
+watchdog (inotify on Linux) reports file events from a thread; we only pass the
+repo name back to the event loop, which re-reads the refs and reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, repos_dir: Path, notify: Callable[[str], None]) -> None:
+        self.repos_dir = repos_dir
+        self.notify = notify
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        for raw in (event.src_path, getattr(event, "dest_path", "")):
+            path = str(raw or "")
+            if not path or path.endswith(".lock"):
+                continue
+            if (
+                "/refs/heads/task/" in path
+                or "/refs/kovanex/" in path
+                or path.endswith("packed-refs")
+            ):
+                rel = Path(path).relative_to(self.repos_dir)
+                name = rel.parts[0]
+                if name.endswith(".git"):
+                    self.notify(name[:-4])
+
+
+class RefWatcher:
+    def __init__(
+        self, repos_dir: Path, loop: asyncio.AbstractEventLoop, on_change: Callable[[str], None]
+    ) -> None:
+        self.repos_dir = repos_dir
+        self.observer = Observer()
+        self._watched: set[str] = set()
+
+        def notify(repo: str) -> None:
+            loop.call_soon_threadsafe(on_change, repo)
+
+        self.handler = _Handler(repos_dir, notify)
+
+    def watch(self, repo_dir: Path) -> None:
+        """Watch refs/ recursively and the repo root (for packed-refs), not objects/."""
+        if str(repo_dir) in self._watched:
+            return
+        self._watched.add(str(repo_dir))
+        (repo_dir / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
+        self.observer.schedule(self.handler, str(repo_dir / "refs"), recursive=True)
+        self.observer.schedule(self.handler, str(repo_dir), recursive=False)
+
+    def start(self) -> None:
+        self.observer.start()
+
+    def stop(self) -> None:
+        self.observer.stop()
+        self.observer.join(timeout=5)

@@ -1,0 +1,1 @@
+"""The `kovanex` command line (git- and Serf-style verbs)."""

@@ -1,0 +1,64 @@
+"""Entry point: `kovanex [--data DIR] <verb> ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kovanex import __version__
+from kovanex import config as cfgmod
+from kovanex.cli import nodecmd, repocmd, taskcmd
+from kovanex.cli.output import CliError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kovanex", description="Kovanex: a git-native task engine. A task is a branch."
+    )
+    p.add_argument("--version", action="version", version=f"kovanex {__version__}")
+    p.add_argument(
+        "--data", default=None, help="node data dir (default: $KOVANEX_HOME, then ~/.kovanex)"
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="<command>")
+    for mod in (nodecmd, repocmd, taskcmd):
+        mod.register(sub)
+    for extra in ("kovanex.cli.misccmd", "kovanex.cli.clustercmd", "kovanex.cli.schedcmd"):
+        try:
+            __import__(extra, fromlist=["register"]).register(sub)
+        except ModuleNotFoundError as e:
+            if e.name != extra:
+                raise
+    return p
+
+
+def split_data(argv: list[str]) -> tuple[str | None, list[str]]:
+    """`--data DIR` may stand anywhere on the line (`kovanex repo create x --data d`)."""
+    data, rest, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--data" and i + 1 < len(argv):
+            data, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--data="):
+            data = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return data, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    data, rest = split_data(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(rest)
+    layout = cfgmod.Layout(cfgmod.data_dir(data))
+    try:
+        return int(args.func(args, layout) or 0)
+    except (CliError, cfgmod.ConfigError) as e:
+        print(f"kovanex: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""`kovanex init`, `kovanex agent`, `kovanex status`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from kovanex import config as cfgmod
+from kovanex.agent import control
+from kovanex.cli.output import CliError, add_format, emit_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("init", help="create a node: data dir and kovanex.toml")
+    p.add_argument("--name", help="node name (default: the host name)")
+    p.add_argument("--labels", action="append", default=[], help="k=v[,k=v] node labels")
+    p.add_argument("--role", default="full", choices=cfgmod.ROLES)
+    p.add_argument("--capabilities", default="", help="comma-separated capabilities")
+    p.add_argument("--runners", type=int, default=2, help="runner slots (default 2)")
+    p.add_argument("--bind", default="127.0.0.1:7946", help="gossip HOST:PORT (port 0: pick)")
+    p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT")
+    p.add_argument("--join", action="append", default=[], help="peer HOST:PORT to join")
+    p.add_argument("--profile", default="lan", help="gossip profile: lan|wan|local|seed")
+    p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("agent", help="run the node agent (foreground)")
+    p.add_argument("--detach", action="store_true", help="run in the background")
+    p.add_argument("--join", action="append", default=[], help="peer HOST:PORT (repeatable)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("status", help="is the agent up, and what is it doing")
+    add_format(p)
+    p.set_defaults(func=cmd_status)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    if layout.config.exists() and not args.force:
+        raise CliError(f"{layout.config} exists; use --force to overwrite it")
+    host, port = cfgmod.parse_addr(args.bind)
+    if port == 0:
+        port = _free_port(host)  # recorded, so restarts keep the address peers know
+    cfg = cfgmod.NodeConfig(
+        name=args.name or socket.gethostname().split(".")[0],
+        role=args.role,
+        labels=cfgmod.parse_labels(args.labels),
+        capabilities=[c for c in args.capabilities.split(",") if c],
+        runner_slots=args.runners,
+        gossip_bind=f"{host}:{port}",
+        gossip_profile=args.profile,
+        join=list(args.join),
+        http_bind=args.http,
+    )
+    try:
+        cfg.check()
+    except cfgmod.ConfigError as e:
+        raise CliError(str(e)) from e
+    for d in (layout.repos, layout.work, layout.logs, layout.run):
+        d.mkdir(parents=True, exist_ok=True)
+    cfgmod.save(layout, cfg)
+    print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
+    print(f"next: kovanex agent --data {layout.root}")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    cfg = cfgmod.load(layout)
+    if args.join:
+        cfg.join = list(dict.fromkeys(cfg.join + args.join))
+        cfgmod.save(layout, cfg)
+    if args.detach:
+        return _detach(layout, args)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format=f"%(asctime)s {cfg.name} %(name)s %(levelname)s %(message)s",
+    )
+    from kovanex.agent.daemon import run_agent
+
+    run_agent(layout)
+    return 0
+
+
+def _detach(layout: cfgmod.Layout, args: argparse.Namespace) -> int:
+    cmd = [sys.executable, "-m", "kovanex", "--data", str(layout.root), "agent"]
+    cmd += ["--log-level", args.log_level]
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with open(layout.agent_log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CliError(f"the agent exited with {proc.returncode}; see {layout.agent_log}")
+        try:
+            control.call(layout.control_socket, "ping", timeout=1)
+            if layout.hook_endpoint.exists():
+                print(f"agent started (pid {proc.pid}); log: {layout.agent_log}")
+                return 0
+        except (control.ControlError, OSError):
+            pass
+        time.sleep(0.05)
+    raise CliError(f"the agent did not become ready in 30 s; see {layout.agent_log}")
+
+
+def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    try:
+        st = control.call(layout.control_socket, "status")
+    except control.ControlError as e:
+        raise CliError(str(e)) from e
+    if args.format == "json":
+        emit_json(st)
+        return 0
+    print(f"node {st['node']} pid {st['pid']} up {st['uptime_s']}s")
+    print(f"runners {st['runners']['used']}/{st['runners']['total']} used")
+    for r in st["running"]:
+        print(f"running  {r}")
+    for r in st["pending"]:
+        print(f"pending  {r}")
+    return 0
+
+
+def agent_pid(layout: cfgmod.Layout) -> int | None:
+    try:
+        pid = int(layout.pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None

@@ -1,0 +1,95 @@
+"""`kovanex repo create|list`: bare repos with the Kovanex hooks installed."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from kovanex import config as cfgmod
+from kovanex.cli.output import CliError, add_format, emit_json, table
+from kovanex.paths import hooks_dir
+
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+HOOKS = ("pre-receive", "post-receive")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("repo", help="manage this node's repos")
+    rs = p.add_subparsers(dest="repo_cmd", required=True)
+    c = rs.add_parser("create", help="create a bare repo with hooks; prints its clone URL last")
+    c.add_argument("name")
+    c.set_defaults(func=cmd_create)
+    ls = rs.add_parser("list", help="list repos")
+    add_format(ls)
+    ls.set_defaults(func=cmd_list)
+    h = rs.add_parser("install-hooks", help="(re)install the hooks into an existing repo")
+    h.add_argument("name")
+    h.set_defaults(func=cmd_install_hooks)
+
+
+def install_hooks(repo: Path, layout: cfgmod.Layout) -> None:
+    """Write hooks with absolute paths baked in: no PATH lookups, no interpreter shims."""
+    src = hooks_dir()
+    for name in HOOKS:
+        text = (src / name).read_text()
+        text = text.replace("@KX_DATA@", str(layout.root))
+        text = text.replace("@KX_PYTHON@", sys.executable)
+        text = text.replace("@KX_HOOKS@", str(src))
+        dst = repo / "hooks" / name
+        dst.write_text(text)
+        dst.chmod(0o755)
+
+
+def create_repo(layout: cfgmod.Layout, name: str) -> Path:
+    if not REPO_RE.match(name):
+        raise CliError(f"repo name {name!r} must match {REPO_RE.pattern}")
+    path = layout.repo(name)
+    if path.exists():
+        raise CliError(f"repo {name} exists at {path}; clone it with: git clone {path}")
+    layout.repos.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
+    for key, val in (
+        ("receive.advertisePushOptions", "true"),
+        ("receive.fsckObjects", "true"),
+        ("core.logAllRefUpdates", "true"),
+        ("gc.auto", "0"),
+    ):
+        subprocess.run(["git", "-C", str(path), "config", key, val], check=True)
+    install_hooks(path, layout)
+    (path / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    cfgmod.load(layout)
+    path = create_repo(layout, args.name)
+    print(f"created repo {args.name} with Kovanex hooks")
+    print(str(path))
+    return 0
+
+
+def cmd_install_hooks(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    path = layout.repo(args.name)
+    if not path.exists():
+        raise CliError(f"no repo {args.name}; create it with `kovanex repo create {args.name}`")
+    install_hooks(path, layout)
+    print(f"hooks installed in {path}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    repos = (
+        sorted(p for p in layout.repos.glob("*.git") if p.is_dir()) if layout.repos.exists() else []
+    )
+    rows = []
+    for p in repos:
+        tasks = list((p / "refs" / "heads" / "task").glob("**/*"))
+        rows.append({"name": p.name[:-4], "path": str(p), "url": str(p), "tasks": len(tasks)})
+    if args.format == "json":
+        emit_json(rows)
+    else:
+        print(table([(r["name"], r["tasks"], r["url"]) for r in rows], ["REPO", "TASKS", "URL"]))
+    return 0

@@ -1,0 +1,228 @@
+"""Node configuration (`kovanex.toml`) and the node data-dir layout.
+
+The data dir is the whole of a node's local state: its bare repos, worktrees,
+live logs and runtime files. Everything that matters beyond a restart is in the
+repos themselves; the rest can be rebuilt.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROLES = ("full", "server", "runner", "storage")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """A bad or missing node config; the message says what to run next."""
+
+
+def data_dir(arg: str | None) -> Path:
+    """`--data` beats `$KOVANEX_HOME`, which beats `~/.kovanex` (issue 2 contract)."""
+    raw = arg or os.environ.get("KOVANEX_HOME") or "~/.kovanex"
+    return Path(raw).expanduser().resolve()
+
+
+@dataclass
+class Layout:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "kovanex.toml"
+
+    @property
+    def repos(self) -> Path:
+        return self.root / "repos"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def hook_endpoint(self) -> Path:
+        """`<port> <token>`: where hooks reach the agent (see docs/decisions/0006)."""
+        return self.run / "hook"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.run / "agent.sock"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run / "agent.pid"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.root / "agent.log"
+
+    def repo(self, name: str) -> Path:
+        return self.repos / f"{name}.git"
+
+    def step_log(self, repo: str, task: str, index: int, step: str) -> Path:
+        return self.logs / repo / task / f"{index}-{step}.log"
+
+
+@dataclass
+class NodeConfig:
+    name: str
+    role: str = "full"
+    labels: dict[str, str] = field(default_factory=dict)
+    capabilities: list[str] = field(default_factory=list)
+    runner_slots: int = 2
+    gossip_bind: str = "127.0.0.1:7946"
+    gossip_profile: str = "lan"
+    gossip_overrides: dict[str, Any] = field(default_factory=dict)
+    join: list[str] = field(default_factory=list)
+    http_bind: str = "127.0.0.1:0"
+    strategy: str = "best-fit"
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    event_handlers: dict[str, str] = field(default_factory=dict)
+
+    def to_toml(self) -> str:
+        lines = [
+            "# Kovanex node configuration. `kovanex init` wrote it; edit freely.",
+            "[node]",
+            f"name = {_q(self.name)}",
+            f"role = {_q(self.role)}",
+            f"labels = {_inline(self.labels)}",
+            f"capabilities = {_list(self.capabilities)}",
+            f"runner_slots = {self.runner_slots}",
+            "",
+            "[gossip]",
+            f"bind = {_q(self.gossip_bind)}",
+            f"profile = {_q(self.gossip_profile)}",
+            f"join = {_list(self.join)}",
+        ]
+        if self.gossip_overrides:
+            lines += ["", "[gossip.overrides]"]
+            lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.gossip_overrides.items())]
+        lines += ["", "[http]", f"bind = {_q(self.http_bind)}"]
+        lines += ["", "[scheduler]", f"strategy = {_q(self.strategy)}"]
+        if self.event_handlers:
+            lines += ["", "[event_handlers]"]
+            lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
+        for m in self.modules:
+            lines += ["", "[[modules]]"]
+            lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str, path: str = "kovanex.toml") -> NodeConfig:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: {e}; fix the TOML syntax") from e
+        node = doc.get("node", {})
+        gossip = doc.get("gossip", {})
+        if "name" not in node:
+            raise ConfigError(f"{path}: [node] name is missing; run `kovanex init --name NAME`")
+        cfg = cls(
+            name=str(node["name"]),
+            role=str(node.get("role", "full")).lower(),
+            labels={str(k): str(v) for k, v in node.get("labels", {}).items()},
+            capabilities=[str(c) for c in node.get("capabilities", [])],
+            runner_slots=int(node.get("runner_slots", 2)),
+            gossip_bind=str(gossip.get("bind", "127.0.0.1:7946")),
+            gossip_profile=str(gossip.get("profile", "lan")),
+            gossip_overrides=dict(gossip.get("overrides", {})),
+            join=[str(j) for j in gossip.get("join", [])],
+            http_bind=str(doc.get("http", {}).get("bind", "127.0.0.1:0")),
+            strategy=str(doc.get("scheduler", {}).get("strategy", "best-fit")),
+            modules=list(doc.get("modules", [])),
+            event_handlers={str(k): str(v) for k, v in doc.get("event_handlers", {}).items()},
+        )
+        cfg.check(path)
+        return cfg
+
+    def check(self, path: str = "kovanex.toml") -> None:
+        if not NAME_RE.match(self.name):
+            raise ConfigError(f"{path}: node name {self.name!r} must match {NAME_RE.pattern}")
+        if self.role not in ROLES:
+            raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
+        if self.runner_slots < 0:
+            raise ConfigError(f"{path}: runner_slots must be >= 0")
+
+
+def load(layout: Layout) -> NodeConfig:
+    if not layout.config.exists():
+        raise ConfigError(
+            f"no node at {layout.root} (missing kovanex.toml); "
+            f"run `kovanex init --data {layout.root} --name NAME` first"
+        )
+    return NodeConfig.from_toml(layout.config.read_text(), str(layout.config))
+
+
+def save(layout: Layout, cfg: NodeConfig) -> None:
+    layout.root.mkdir(parents=True, exist_ok=True)
+    tmp = layout.config.with_suffix(".toml.tmp")
+    tmp.write_text(cfg.to_toml())
+    os.replace(tmp, layout.config)
+
+
+def parse_labels(items: list[str] | str | None) -> dict[str, str]:
+    """`env=dev,zone=a` or repeated `--label k=v` into a dict, with a clear error."""
+    if not items:
+        return {}
+    if isinstance(items, str):
+        items = [items]
+    out: dict[str, str] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "=" not in part:
+                raise ConfigError(f"label {part!r} is not key=value (example: env=dev)")
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_addr(text: str, default_port: int = 7946) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError as e:
+        raise ConfigError(f"address {text!r} is not HOST:PORT") from e
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list):
+        return _list(v)
+    if isinstance(v, dict):
+        return _inline(v)
+    return _q(str(v))
+
+
+def _list(items: list[Any]) -> str:
+    return "[" + ", ".join(_scalar(i) for i in items) + "]"
+
+
+def _inline(d: dict[str, Any]) -> str:
+    if not d:
+        return "{}"
+    return "{ " + ", ".join(f"{_q(k)} = {_scalar(v)}" for k, v in sorted(d.items())) + " }"

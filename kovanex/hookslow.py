@@ -1,0 +1,39 @@
+"""The hooks' slow path: used only when the agent does not answer."""
+
+from __future__ import annotations
+
+import sys
+
+from kovanex import config as cfgmod
+from kovanex.gitstate.ledger import TaskLedger
+from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.pushcheck import PushOptions, RefUpdate, check_pre_receive, record_push
+
+
+def run(
+    phase: str,
+    data_dir: str,
+    git_dir: str,
+    quarantine: str | None,
+    lines: list[str],
+    opts: list[str],
+) -> int:
+    updates = [RefUpdate.parse(ln) for ln in lines]
+    options = PushOptions.parse(opts)
+    try:
+        node = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir))).name
+    except cfgmod.ConfigError:
+        node = "hook"
+    if phase == "pre-receive":
+        verdict = check_pre_receive(git_dir, quarantine, updates, options, node=node)
+        for m in verdict.messages:
+            print(m, file=sys.stderr)
+        return 0 if verdict.ok else 1
+    ledger = TaskLedger(Pygit2Store(git_dir), node=node)
+    for task_id, what in record_push(ledger, updates, options):
+        print(
+            f"kovanex: task {task_id} {what}; the agent is not running, so it starts when "
+            f"the agent does: kovanex agent --data {data_dir}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,215 @@
+"""What a push to a Kovanex repo is allowed to do, and what it asks for.
+
+One function decides the pre-receive verdict, whether the warm agent runs it
+(fast path) or the hook's own Python fallback does (agent down), so both give
+the same answer. It reads pushed objects through the quarantine directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kovanex import spec as specmod
+from kovanex.core import task as taskcore
+from kovanex.gitstate.ledger import TaskLedger, task_id_of
+from kovanex.gitstate.pygit2store import Pygit2Store
+
+ZERO = "0" * 40
+SPEC_PATH = ".kovanex/task.toml"
+ACTIVE = {"placed", "running"}
+SKIP_PREFIX = "refs/kovanex/skip/"
+
+
+@dataclass(frozen=True, slots=True)
+class RefUpdate:
+    old: str
+    new: str
+    ref: str
+
+    @classmethod
+    def parse(cls, line: str) -> RefUpdate:
+        old, new, ref = line.split(" ", 2)
+        return cls(old, new, ref.strip())
+
+
+@dataclass
+class PushOptions:
+    priority: int | None = None
+    dry_run: bool = False
+    skip: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, opts: list[str]) -> PushOptions:
+        out = cls()
+        for raw in opts:
+            key, _, val = raw.partition("=")
+            key = key.strip().lower()
+            if key == "priority":
+                try:
+                    out.priority = int(val)
+                    if not 0 <= out.priority <= 100:
+                        raise ValueError
+                except ValueError:
+                    out.errors.append(f"push option priority={val!r}: use an integer 0..100")
+            elif key in ("dry-run", "dry_run", "dryrun"):
+                out.dry_run = True
+            elif key in ("skip", "ci.skip", "skip-ci"):
+                out.skip = True
+            else:
+                out.errors.append(f"unknown push option {raw!r}; known: priority=N, dry-run, skip")
+        return out
+
+
+@dataclass
+class Verdict:
+    ok: bool = True
+    messages: list[str] = field(default_factory=list)
+
+    def reject(self, msg: str) -> None:
+        self.ok = False
+        self.messages.append(msg)
+
+
+Previewer = Callable[[str, specmod.TaskSpec], str]
+
+
+def check_pre_receive(
+    git_dir: str,
+    quarantine: str | None,
+    updates: list[RefUpdate],
+    options: PushOptions,
+    *,
+    node: str = "",
+    preview: Previewer | None = None,
+) -> Verdict:
+    """Validate every pushed task spec; protect running tasks; honour dry-run."""
+    verdict = Verdict()
+    for err in options.errors:
+        verdict.reject(f"kovanex: {err}")
+    extra = [quarantine] if quarantine else []
+    store = Pygit2Store(git_dir, extra_object_dirs=extra)
+    ledger = TaskLedger(store, node=node or "hook")
+    for u in updates:
+        task_id = task_id_of(u.ref)
+        if task_id is None:
+            if u.ref.startswith("refs/heads/task/"):
+                verdict.reject(
+                    f"kovanex: {u.ref}: task ids must match "
+                    "[A-Za-z0-9][A-Za-z0-9._-]{0,99}; rename the branch"
+                )
+            continue
+        if u.new == ZERO:
+            _check_delete(ledger, task_id, verdict)
+            continue
+        data = store.read_file(u.new, SPEC_PATH)
+        if data is None:
+            verdict.reject(
+                f"kovanex: task/{task_id}: no {SPEC_PATH} in the pushed commit; "
+                f"create one with `kovanex task new {task_id} --template shell`"
+            )
+            continue
+        errors = specmod.validate(data, SPEC_PATH)
+        if errors:
+            for e in errors:
+                verdict.reject(f"kovanex: task/{task_id}: {e}")
+            verdict.messages.append(
+                "kovanex: fix the spec (schema: `kovanex schema`), commit, and push again"
+            )
+            continue
+        if u.old != ZERO:
+            _check_running(store, ledger, task_id, u, verdict)
+        if options.dry_run and preview is not None:
+            spec = specmod.load_spec(data, SPEC_PATH)
+            verdict.messages.append(f"kovanex: dry-run task/{task_id}: {preview(task_id, spec)}")
+    if options.dry_run:
+        if verdict.ok:
+            verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
+        verdict.ok = False
+    return verdict
+
+
+def _check_delete(ledger: TaskLedger, task_id: str, verdict: Verdict) -> None:
+    view = ledger.read(task_id)
+    if view.state in ACTIVE:
+        verdict.reject(
+            f"kovanex: task/{task_id} is {view.state} on {view.node} (epoch {view.epoch}); "
+            f"cancel it first: kovanex task cancel {task_id}"
+        )
+
+
+def _check_running(
+    store: Pygit2Store, ledger: TaskLedger, task_id: str, u: RefUpdate, verdict: Verdict
+) -> None:
+    view = ledger.read(task_id)
+    if view.state not in ACTIVE:
+        return
+    if u.old != u.new and not store.repo.descendant_of(u.new, u.old):
+        verdict.reject(
+            f"kovanex: task/{task_id} is {view.state} on {view.node} (epoch {view.epoch}); "
+            "a non-fast-forward push would rewrite its history. Run `git pull --rebase` "
+            f"and push again, or cancel it first: kovanex task cancel {task_id}"
+        )
+
+
+def record_push(
+    ledger: TaskLedger, updates: list[RefUpdate], options: PushOptions
+) -> list[tuple[str, str]]:
+    """After the refs moved: queue each new submission, or mark it skipped (in git).
+
+    Returns (task_id, what-happened) pairs for the pusher's terminal.
+    """
+    out: list[tuple[str, str]] = []
+    for u in updates:
+        task_id = task_id_of(u.ref)
+        if task_id is None or u.new == ZERO:
+            continue
+        if options.skip:
+            store = ledger.store
+            cur = store.get_ref(SKIP_PREFIX + task_id)
+            try:
+                store.cas_ref(SKIP_PREFIX + task_id, u.new, cur)
+            except Exception:  # noqa: BLE001 - a concurrent skip marker is equally fine
+                pass
+            out.append((task_id, "skipped (push option skip); not scheduled"))
+            continue
+        out.append((task_id, queue_submission(ledger, task_id, options.priority)))
+    return out
+
+
+def is_skipped(ledger: TaskLedger, task_id: str, tip: str) -> bool:
+    return ledger.store.get_ref(SKIP_PREFIX + task_id) == tip
+
+
+def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = None) -> str:
+    """Write the `queued` transition on top of a user's push (CAS; losers just re-read)."""
+    view = ledger.read(task_id)
+    if view.state != "submitted":
+        return view.state
+    if is_skipped(ledger, task_id, view.tip):
+        return "skipped"
+    spec_prio = None
+    data = ledger.spec_bytes(task_id)
+    if data is not None:
+        try:
+            spec_prio = specmod.load_spec(data, SPEC_PATH).priority
+        except specmod.SpecError as e:
+            tr = taskcore.mark_unschedulable(view, f"invalid spec: {e}")
+            _append(ledger, task_id, view, tr)
+            return "unschedulable"
+    prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
+    tr = taskcore.queue(view, prio)
+    _append(ledger, task_id, view, tr)
+    return "queued"
+
+
+def _append(
+    ledger: TaskLedger, task_id: str, view: taskcore.TaskView, tr: taskcore.Transition
+) -> None:
+    from kovanex.gitstate.store import CasConflict, StaleEpoch
+
+    try:
+        ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+    except (CasConflict, StaleEpoch):
+        pass  # someone else moved the task first; they own what happens next

@@ -1,0 +1,137 @@
+"""Real-process helpers: start agents, run the CLI and git, wait on conditions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll a condition until it holds or the deadline passes (never sleep-as-sync)."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - keep polling; report the last error
+            last_exc = e
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+def git(*args: str, cwd: Path | str | None = None, check: bool = True, **kw: Any):
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=check, capture_output=True, text=True, **kw
+    )
+
+
+def kx(*args: str, data: Path | None = None, check: bool = True, cwd: Path | None = None):
+    cmd = [sys.executable, "-m", "kovanex", *args]
+    if data is not None:
+        cmd += ["--data", str(data)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+class Node:
+    def __init__(self, root: Path, name: str, *init_args: str) -> None:
+        self.data = root / name
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        kx("init", "--name", name, "--bind", "127.0.0.1:0", *init_args, data=self.data)
+
+    def start(self, *extra: str) -> Node:
+        log = open(self.data / "agent.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kovanex", "--data", str(self.data), "agent", *extra],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        wait_for(self.ready, 30, f"agent {self.name} ready")
+        return self
+
+    def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"agent {self.name} exited: {self.log()[-2000:]}")
+        return (self.data / "run" / "hook").exists() and (self.data / "run" / "agent.sock").exists()
+
+    def log(self) -> str:
+        p = self.data / "agent.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+
+    def kx(self, *args: str, check: bool = True):
+        return kx(*args, data=self.data, check=check)
+
+    def show(self, task: str) -> dict[str, Any]:
+        return json.loads(self.kx("task", "show", task, "--format", "json").stdout)
+
+    def repo(self, name: str) -> Path:
+        return self.data / "repos" / f"{name}.git"
+
+
+def clone_with_task(
+    node: Node, repo: str, dest: Path, task: str, spec: str, files: dict[str, str] | None = None
+) -> Path:
+    """Create the repo if needed, clone it, and commit a task branch with the given spec."""
+    if not node.repo(repo).exists():
+        node.kx("repo", "create", repo)
+    if not dest.exists():
+        git("clone", "-q", str(node.repo(repo)), str(dest))
+    git("checkout", "-q", "-B", f"task/{task}", cwd=dest)
+    (dest / ".kovanex").mkdir(exist_ok=True)
+    (dest / ".kovanex" / "task.toml").write_text(spec)
+    for name, text in (files or {}).items():
+        p = dest / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    git("add", "-A", cwd=dest)
+    git("commit", "-q", "--allow-empty", "-m", f"task {task}", cwd=dest)
+    return dest
+
+
+def trailers_of(repo: Path, rev: str) -> list[dict[str, str]]:
+    """Trailers of each commit on rev, newest first, as parsed by git itself."""
+    out = git("log", "--format=%H", rev, cwd=repo).stdout.split()
+    res = []
+    for oid in out:
+        msg = git("cat-file", "commit", oid, cwd=repo).stdout.split("\n\n", 1)[1]
+        parsed = subprocess.run(
+            ["git", "interpret-trailers", "--parse"], input=msg, capture_output=True, text=True
+        ).stdout
+        res.append(dict(line.split(": ", 1) for line in parsed.splitlines() if ": " in line))
+    return res
+
+
+def fsck(repo: Path) -> None:
+    p = git("fsck", "--strict", "--no-dangling", cwd=repo, check=False)
+    assert p.returncode == 0, f"git fsck failed in {repo}: {p.stdout}{p.stderr}"
