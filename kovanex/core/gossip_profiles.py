@@ -24,6 +24,9 @@ class Profile:
     retransmit_mult: int = 4
     push_pull_interval: float = 30.0
     indirect_checks: int = 3
+    # Serf-style reconnect: push-pull with a random dead member now and then, so a
+    # healed partition merges back (memberlist alone never re-contacts the dead).
+    reconnect_interval: float = 10.0
     awareness_max: int = 8
     gossip_to_the_dead: float = 30.0
     dead_reap: float = 300.0
@@ -50,6 +53,7 @@ PROFILES: dict[str, Profile] = {
         push_pull_interval=60.0,
         indirect_checks=3,
         gossip_to_the_dead=60.0,
+        reconnect_interval=30.0,
     ),
     "local": Profile(
         name="local",
@@ -62,6 +66,7 @@ PROFILES: dict[str, Profile] = {
         push_pull_interval=15.0,
         indirect_checks=1,
         gossip_to_the_dead=15.0,
+        reconnect_interval=5.0,
     ),
     # The seed document: 3 random peers every 5 s, suspect at 30 s, dead at 60 s.
     "seed": Profile(
@@ -76,6 +81,7 @@ PROFILES: dict[str, Profile] = {
         indirect_checks=3,
         fixed_suspicion_timeout=30.0,
         gossip_to_the_dead=60.0,
+        reconnect_interval=60.0,
     ),
 }
 

@@ -147,6 +147,7 @@ class Membership:
         self._at(now + self.rng.uniform(0, p.gossip_interval), "gossip")
         self._at(now + self.rng.uniform(0.5, 1.0) * p.push_pull_interval, "pushpull")
         self._at(now + self._reap_every(), "reap")
+        self._at(now + self.rng.uniform(0.5, 1.0) * p.reconnect_interval, "reconnect")
         return self._finish([])
 
     def join(self, now: float, addrs: list[Addr]) -> list[Effect]:
@@ -162,7 +163,7 @@ class Membership:
         self._queue(d, "m:" + self.name)
         fx: list[Effect] = []
         for m in self._pick(self.p.fanout * 2, live_only=True):
-            fx.append(self._send(m.addr, [d]))
+            fx.append(self._send(m.addr, []))  # the queued Dead rides first
         return self._finish(fx)
 
     def force_leave(self, now: float, name: str) -> list[Effect]:
@@ -404,6 +405,15 @@ class Membership:
             return
         for m in self._pick(1, live_only=True):
             fx.append(SendStream(m.addr, self._pushpull(join=False, reply=False)))
+
+    def _t_reconnect(self, now: float, _: Any, fx: list[Effect]) -> None:
+        """Serf's reconnect: with probability dead/live, push-pull with a random dead member."""
+        self._at(now + self.p.reconnect_interval, "reconnect")
+        dead = [self.members[n] for n in self._names if self.members[n].status == DEAD]
+        if self.leaving or not dead or self.rng.random() > len(dead) / max(1, self._live):
+            return
+        m = dead[self.rng.randrange(len(dead))]
+        fx.append(SendStream(m.addr, self._pushpull(join=False, reply=False)))
 
     def _t_suspicion(self, now: float, arg: tuple[str, Suspicion], fx: list[Effect]) -> None:
         name, s = arg

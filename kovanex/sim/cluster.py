@@ -25,6 +25,7 @@ class SimNode:
     gen: int = 0
     up: bool = True
     stalled_until: float = 0.0
+    paused_until: float = 0.0
     slow: float = 0.0  # extra processing delay per event (an overloaded CPU)
     events: list[tuple[float, str, Any]] = field(default_factory=list)
     bytes_out: int = 0
@@ -108,6 +109,11 @@ class SimCluster:
         """The node processes nothing until `until`, then everything queued, late."""
         self.nodes[name].stalled_until = until
 
+    def pause(self, name: str, until: float) -> None:
+        """A suspended VM: packets sent to it are lost and its timers wait until `until`."""
+        self.nodes[name].paused_until = until
+        self.nodes[name].stalled_until = until
+
     def run_until(self, t: float, stop: Callable[[], bool] | None = None) -> bool:
         return self.loop.run_until(t, stop)
 
@@ -151,6 +157,8 @@ class SimCluster:
         if gen != nd.gen or not nd.up:
             return
         now = self.loop.now
+        if kind == "msg" and now < nd.paused_until:
+            return
         late = max(nd.stalled_until, now + nd.slow) if nd.slow else nd.stalled_until
         if late > now:
             self.loop.call_at(late, self._event_now, nd, gen, kind, ev)

@@ -20,15 +20,20 @@ class SimLoop:
         self._seq += 1
         heapq.heappush(self._heap, (max(at, self.now), self._seq, fn, args))
 
-    def run_until(self, t: float, stop: Callable[[], bool] | None = None) -> bool:
-        """Run events up to time t (or until `stop()` is true; checked after each event)."""
+    def run_until(
+        self, t: float, stop: Callable[[], bool] | None = None, every: float = 0.05
+    ) -> bool:
+        """Run events up to time t, or until `stop()` is true (checked every `every` s)."""
         h = self._heap
+        check = self.now
         while h and h[0][0] <= t:
             at, _, fn, args = heapq.heappop(h)
             self.now = at
             self.events += 1
             fn(*args)
-            if stop is not None and stop():
-                return True
+            if stop is not None and at >= check:
+                if stop():
+                    return True
+                check = at + every
         self.now = max(self.now, t)
-        return False
+        return stop is not None and stop()
