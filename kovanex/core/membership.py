@@ -288,7 +288,7 @@ class Membership:
         msgs = primary + self._piggyback(budget) if budget > 16 else primary
         return Send(addr, tuple(msgs))
 
-    def _pick(self, k: int, live_only: bool, now: float = 0.0) -> list[Member]:
+    def _pick(self, k: int, live_only: bool, now: float = 0.0, exclude: str = "") -> list[Member]:
         """Up to k distinct random members other than me (rejection sampling, O(k))."""
         names = self._names
         if not names or k <= 0:
@@ -298,7 +298,7 @@ class Membership:
         while len(out) < k and tries < 4 * k + 8:
             tries += 1
             m = self.members[names[self.rng.randrange(len(names))]]
-            if m.name in out:
+            if m.name in out or m.name == exclude:
                 continue
             if m.status in (ALIVE, SUSPECT) or (
                 not live_only and m.status == DEAD and now - m.changed < self.p.gossip_to_the_dead
@@ -363,7 +363,7 @@ class Membership:
         target = self.members.get(pr.target)
         if target is None:
             return
-        helpers = [h for h in self._pick(self.p.indirect_checks, True) if h.name != pr.target]
+        helpers = self._pick(self.p.indirect_checks, True, exclude=pr.target)
         pr.expected_nacks = len(helpers)
         for h in helpers:
             req = PingReq(seq, target.name, target.addr, self.name, self.addr, True)
