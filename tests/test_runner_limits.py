@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from kovanex.runner import Limits, detect, run_step, step_env
-from kovanex.runner.limits import _hierarchies
+from kovanex.runner.limits import _hierarchies, reap_stale
 
-HOG = "python3 -c 'b = bytearray(1 << 30); print(\"allocated\", len(b))'"
+HOG = "python3 -c 'b = bytearray(512 << 20); print(\"allocated\", len(b))'"
 MODEST = "python3 -c 'b = bytearray(32 << 20); print(\"allocated\", len(b))'"
 CGROUPS = detect() != "rlimit"
 MECHANISMS = ["rlimit", *([detect()] if CGROUPS else [])]
@@ -115,3 +116,26 @@ def test_rlimit_cpu_is_a_total_budget(tmp_path: Path) -> None:
     )
     assert out.result == "failed", out
     assert "RLIMIT_CPU" in out.reason
+
+
+@pytest.mark.skipif(not CGROUPS, reason="host has no usable cgroups")
+def test_reap_stale_kills_and_removes_a_dead_agents_cgroups(tmp_path: Path) -> None:
+    """Simulate a crashed agent: a run cgroup named after a dead pid, still holding a process."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    base = next(h.own / "kovanex" for h in _hierarchies() if "memory" in h.controllers)
+    stale = base / f"run-{dead.pid}-1"
+    stale.mkdir()
+    orphan = subprocess.Popen(
+        ["sleep", "300"], preexec_fn=lambda: (stale / "cgroup.procs").write_text("0")
+    )
+    try:
+        assert (stale / "cgroup.procs").read_text().split() == [str(orphan.pid)]
+        assert asyncio.run(reap_stale()) >= 1
+        assert orphan.wait(timeout=5) == -9
+        assert not stale.exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+        if stale.exists():
+            stale.rmdir()

@@ -250,8 +250,52 @@ def apply(limits: Limits | None, *, timeout_s: float) -> Applied:
         return Applied(NONE, [], [])
     mechanism = limits.mechanism or detect()
     if mechanism in (CGROUP_V1, CGROUP_V2):
-        return _apply_cgroup(limits, mechanism, timeout_s)
+        try:
+            return _apply_cgroup(limits, mechanism, timeout_s)
+        except OSError:
+            if limits.mechanism is not None:
+                raise
+            # The host changed under us (e.g. cgroup fs remounted read-only): a step
+            # with weaker limits beats a step that cannot run at all.
     return Applied(RLIMIT, [], _rlimits(limits, timeout_s))
+
+
+async def reap_stale() -> int:
+    """Kill and remove run cgroups left by a dead agent; returns how many were reaped.
+
+    Steps of a crashed agent can never report back, so anything still running in
+    their cgroups is an orphan. Call once at agent start-up.
+    """
+    mechanism = detect()
+    if mechanism == RLIMIT:
+        return 0
+    reaped = 0
+    for base in _base_dirs(mechanism).values():
+        for d in base.iterdir():
+            parts = d.name.split("-")
+            if not d.is_dir() or parts[0] not in ("run", "probe") or len(parts) != 3:
+                continue
+            try:
+                owner = int(parts[1])
+            except ValueError:
+                continue
+            if owner == os.getpid() or _alive(owner):
+                continue
+            stale = Applied(mechanism, [d], [])
+            stale.kill_all(signal.SIGKILL)
+            await stale.close()
+            reaped += 0 if d.exists() else 1
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _rlimits(limits: Limits, timeout_s: float) -> list[tuple[int, int, int]]:

@@ -197,11 +197,15 @@ async def run_step(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    applied = apply(limits, timeout_s=timeout_s)
-    mechanism = applied.mechanism
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.fstat(fd).st_size
+        applied = apply(limits, timeout_s=timeout_s)
+    except BaseException:
+        os.close(fd)
+        raise
+    mechanism = applied.mechanism
+    try:
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",
@@ -219,15 +223,17 @@ async def run_step(
         reason = f"could not start step: {exc}"
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
+    except BaseException:
+        applied.cleanup()
+        raise
     finally:
         os.close(fd)
     pgid = proc.pid  # start_new_session: the leader's pid is the pgid
-    if on_start is not None:
-        on_start(proc.pid)
-
     waiter = asyncio.ensure_future(proc.wait())
     canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
     try:
+        if on_start is not None:
+            on_start(proc.pid)
         timeout = timeout_s if math.isfinite(timeout_s) else None
         aws = {waiter} if canceller is None else {waiter, canceller}
         done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -255,8 +261,8 @@ async def run_step(
         if rc != 0:
             reason = f"exit code {rc}" + (f"; {reason}" if reason else "")
         return StepOutcome(rc, OK if rc == 0 else FAILED, time.monotonic() - t0, mechanism, reason)
-    except asyncio.CancelledError:
-        # The agent itself is cancelling us: no grace, but never leak the tree.
+    except BaseException:
+        # The agent is cancelling us (or a callback failed): no grace, but never leak the tree.
         _signal_tree(pgid, applied, signal.SIGKILL)
         with contextlib.suppress(BaseException):
             await asyncio.shield(_wait_tree(proc, pgid, applied, time.monotonic() + 5.0))
