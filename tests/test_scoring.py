@@ -16,7 +16,7 @@ from kovanex.core.scoring import (
     fragmentation,
     place,
 )
-from kovanex.core.strategies import Strategy, binpack_scalar
+from kovanex.core.strategies import LN10, Strategy, binpack_scalar
 
 
 def node(name: str, **kw) -> NodeInfo:
@@ -162,7 +162,7 @@ def test_best_fit_packs_and_spread_spreads() -> None:
 
 def test_binpack_matches_nomad_endpoints() -> None:
     assert binpack_scalar(0.0, 0.0) == pytest.approx(1.0)  # exactly full: best
-    assert binpack_scalar(1.0, 1.0) == pytest.approx(0.05)  # empty: the floor, still feasible
+    assert binpack_scalar(LN10, LN10) == pytest.approx(0.05)  # empty: the floor, still feasible
 
 
 def test_locality_strategy_lets_locality_dominate_load() -> None:

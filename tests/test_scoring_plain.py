@@ -106,6 +106,27 @@ def test_numpy_and_plain_agree_over_a_sequence(seed: int) -> None:
     assert placed > 0
 
 
+@pytest.mark.parametrize("seed", [11, 12])
+def test_agree_on_a_large_cluster_with_many_ties(seed: int) -> None:
+    """Over 256 nodes `place` narrows the top-4 search by block maxima; ties must survive it."""
+    placed = run_lockstep(seed, n_nodes=700, n_tasks=40)
+    assert placed > 0
+
+
+def test_top4_prefers_lower_index_among_quantised_ties() -> None:
+    import numpy as np
+
+    from kovanex.core.scoring import _top4
+
+    score = np.zeros(1000)
+    score[[900, 10, 500, 640, 3]] = 0.5  # five-way tie spread over different blocks
+    score[999] = 0.9
+    assert _top4(score) == [999, 3, 10, 500]
+    score[10] = 0.5 + QUANTUM / 4  # below one quantum: still a tie, index decides
+    assert _top4(score) == [999, 3, 10, 500]
+    assert _top4(np.zeros(1000)) == []
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32), n_nodes=st.integers(0, 12))
 def test_numpy_and_plain_agree_on_small_random_clusters(seed: int, n_nodes: int) -> None:

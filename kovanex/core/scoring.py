@@ -15,19 +15,25 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kovanex.core.strategies import (
+    LN10,
     PREFER_PENALTY,
+    QUANTUM,
     ROLES_RUNNING_TASKS,
     Strategy,
-    capacity_scalar,
-    capacity_vec,
+    binpack_scalar,
+    binpack_vec,
     label_match_scalar,
+    locality_capacity_scalar,
+    locality_capacity_vec,
     locality_value,
     locality_vec,
     quantise,
-    quantise_vec,
+    spread_scalar,
+    spread_vec,
 )
 
 EPS = 1e-9  # resource comparisons tolerate float dust from repeated apply/release
+HEALTH_FLOOR = 1e-6  # above it, any feasible node's score is >= QUANTUM
 FACTORS = ("health", "capacity", "locality", "label_match")
 
 
@@ -131,7 +137,11 @@ def _chosen_reason(
 
 
 class NodeTable:
-    """All nodes as parallel numpy arrays, sorted by name (index order = tie-break order)."""
+    """All nodes as parallel numpy arrays, sorted by name (index order = tie-break order).
+
+    Free capacity is kept as arrays updated per `apply`/`release` (one node at a time),
+    so a placement only pays for the per-task arithmetic over all nodes.
+    """
 
     def __init__(self, nodes: Iterable[NodeInfo]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
@@ -157,18 +167,23 @@ class NodeTable:
         # Reciprocals once, so a placement multiplies instead of dividing (0 for a 0 total).
         self.inv_cpu = _inv(self.cpu_total)
         self.inv_mem = _inv(self.mem_total)
+        self.inv_cpu_ln = self.inv_cpu * LN10
+        self.inv_mem_ln = self.inv_mem * LN10
         self.inv_run = _inv(self.runners_total.astype(f64))
+        self.cpu_free = self.cpu_total - self.cpu_used
+        self.mem_free = self.mem_total - self.mem_used
+        self.has_slot = self.runners_used < self.runners_total
+        self.fr_after = ((self.runners_total - self.runners_used) - 1) * self.inv_run
         n = len(ordered)
         self._cap: dict[str, np.ndarray] = {}
         self._label: dict[tuple[str, str], np.ndarray] = {}
+        owners: dict[str, list[int]] = {}
+        replicas: dict[str, list[int]] = {}
         for i, node in enumerate(ordered):
             for c in node.capabilities:
                 self._cap.setdefault(c, np.zeros(n, dtype=bool))[i] = True
             for kv in node.labels.items():
                 self._label.setdefault(kv, np.zeros(n, dtype=bool))[i] = True
-        owners: dict[str, list[int]] = {}
-        replicas: dict[str, list[int]] = {}
-        for i, node in enumerate(ordered):
             for r in node.repos_owned:
                 owners.setdefault(r, []).append(i)
             for r in node.repos_replica:
@@ -176,7 +191,8 @@ class NodeTable:
         self._owners = {r: np.array(v, dtype=np.int64) for r, v in owners.items()}
         self._replicas = {r: np.array(v, dtype=np.int64) for r, v in replicas.items()}
         self._static: dict[tuple, tuple[np.ndarray | None, Unschedulable | None]] = {}
-        self._loc: dict[tuple[str, Strategy], np.ndarray] = {}
+        self._hl: dict[Strategy, np.ndarray] = {}
+        self.health_floor_ok = bool(n == 0 or self.health.min() >= HEALTH_FLOOR)
 
     @classmethod
     def from_nodes(cls, nodes: Iterable[NodeInfo]) -> NodeTable:
@@ -188,18 +204,26 @@ class NodeTable:
     def _i(self, node: str | int) -> int:
         return node if isinstance(node, int) else self.index[node]
 
+    def _refresh(self, i: int) -> None:
+        self.cpu_free[i] = self.cpu_total[i] - self.cpu_used[i]
+        self.mem_free[i] = self.mem_total[i] - self.mem_used[i]
+        self.has_slot[i] = self.runners_used[i] < self.runners_total[i]
+        self.fr_after[i] = ((self.runners_total[i] - self.runners_used[i]) - 1) * self.inv_run[i]
+
     def apply(self, node: str | int, req: TaskRequest) -> None:
         """Account a placed task on `node` so the next placement sees the reduced capacity."""
         i = self._i(node)
         self.cpu_used[i] += req.cpu
         self.mem_used[i] += req.memory_mb
         self.runners_used[i] += 1
+        self._refresh(i)
 
     def release(self, node: str | int, req: TaskRequest) -> None:
         i = self._i(node)
         self.cpu_used[i] -= req.cpu
         self.mem_used[i] -= req.memory_mb
         self.runners_used[i] -= 1
+        self._refresh(i)
 
     def set_alive(self, node: str, alive: bool) -> None:
         self.alive[self.index[node]] = alive
@@ -207,6 +231,8 @@ class NodeTable:
 
     def set_health(self, node: str, health: float) -> None:
         self.health[self.index[node]] = min(max(float(health), 0.0), 1.0)
+        self._hl.clear()
+        self.health_floor_ok = bool(self.health.min() >= HEALTH_FLOOR)
 
     def to_nodes(self) -> list[NodeInfo]:
         """The current state as NodeInfo values (for `place_plain` and for snapshots)."""
@@ -250,33 +276,42 @@ class NodeTable:
         if not m.any():
             return None, Unschedulable(REASON_ROLE, "role")
         base = m
-        for cap in sorted(req.requires):
+        caps = sorted(req.requires)
+        for cap in caps:
             m = m & self._cap.get(cap, False)
             if not m.any():
-                missing = [
-                    c for c in sorted(req.requires) if not (base & self._cap.get(c, False)).any()
-                ]
-                return None, Unschedulable(
-                    _reason_cap(missing or sorted(req.requires)), "capability"
-                )
+                missing = [c for c in caps if not (base & self._cap.get(c, False)).any()]
+                return None, Unschedulable(_reason_cap(missing or caps), "capability")
         base = m
-        for kv in sorted(req.labels.items()):
+        items = sorted(req.labels.items())
+        for kv in items:
             m = m & self._label.get(kv, False)
             if not m.any():
-                items = sorted(req.labels.items())
                 missing = [p for p in items if not (base & self._label.get(p, False)).any()]
                 return None, Unschedulable(_reason_labels(missing or items), "label")
         return m, None
 
     def locality(self, repo: str, strategy: Strategy) -> np.ndarray:
-        key = (repo, strategy)
-        loc = self._loc.get(key)
-        if loc is None:
-            loc = locality_vec(
-                len(self), self._owners.get(repo), self._replicas.get(repo), strategy
-            )
-            self._loc[key] = loc
-        return loc
+        return locality_vec(len(self), self._owners.get(repo), self._replicas.get(repo), strategy)
+
+    def health_x_locality(self, repo: str, strategy: Strategy, cap: np.ndarray) -> np.ndarray:
+        """(health * locality) * capacity, as a new array.
+
+        Most nodes are remote for any given repo, so multiply everyone by the cached
+        health * remote factor, then redo the few owner/replica nodes exactly.
+        """
+        base = self._hl.get(strategy)
+        if base is None:
+            base = self.health * locality_value(False, False, strategy)
+            self._hl[strategy] = base
+        out = base * cap
+        for idx, val in (
+            (self._replicas.get(repo), locality_value(False, True, strategy)),
+            (self._owners.get(repo), locality_value(True, False, strategy)),
+        ):
+            if idx is not None:
+                out[idx] = (self.health[idx] * val) * cap[idx]
+        return out
 
     def label_match(self, prefer: Mapping[str, str]) -> np.ndarray | float:
         if not prefer:
@@ -307,73 +342,122 @@ def place(
 ) -> Placement | Unschedulable:
     """Filter, score every node, pick the best (ties: lower name). Does not mutate the table."""
     strat = Strategy(strategy or request.strategy)
-    m, why = table.static_mask(request)
+    static, why = table.static_mask(request)
     if why is not None:
         return why
-    cpu_free = table.cpu_total - table.cpu_used
-    m = m & (cpu_free >= request.cpu - EPS)
-    if not m.any():
-        return Unschedulable(_reason_cpu(request, _best(cpu_free, table)), "cpu")
-    mem_free = table.mem_total - table.mem_used
-    m &= mem_free >= request.memory_mb - EPS
-    if not m.any():
-        return Unschedulable(_reason_mem(request, _best(mem_free, table)), "memory")
-    m &= table.runners_used < table.runners_total
-    if not m.any():
-        return Unschedulable(REASON_SLOT, "runner")
-    fc = (cpu_free - request.cpu) * table.inv_cpu
-    fm = (mem_free - request.memory_mb) * table.inv_mem
-    fr = ((table.runners_total - table.runners_used) - 1) * table.inv_run
-    cap = capacity_vec(strat, fc, fm, fr)
-    loc = table.locality(request.repo, strat)
-    lab = table.label_match(request.prefer)
-    score = quantise_vec(table.health * cap * loc * lab) * m
-    feasible = np.flatnonzero(score > 0)
-    k = feasible.size
-    if k == 0:
-        return Unschedulable(REASON_HEALTH, "health")
-    if strat is Strategy.ROUND_ROBIN:
-        best = int(feasible[rr_counter % k])
+    cpu, mem = request.cpu, request.memory_mb
+    m = table.cpu_free >= cpu - EPS
+    m &= table.mem_free >= mem - EPS
+    m &= table.has_slot
+    m &= static
+    if strat is Strategy.BEST_FIT:
+        fc = np.subtract(table.cpu_free, cpu)
+        fc *= table.inv_cpu_ln
+        fm = np.subtract(table.mem_free, mem)
+        fm *= table.inv_mem_ln
+        cap = binpack_vec(fc, fm)
     else:
-        best = int(np.argmax(score))  # first maximum = lowest name
-    top = _top(score, feasible, best, 3)
+        fc = np.subtract(table.cpu_free, cpu)
+        fc *= table.inv_cpu
+        fm = np.subtract(table.mem_free, mem)
+        fm *= table.inv_mem
+        cap = spread_vec(fc, fm, table.fr_after)
+        if strat is Strategy.LOCALITY:
+            cap = locality_capacity_vec(cap)
+    score = table.health_x_locality(request.repo, strat, cap)
+    lab = table.label_match(request.prefer)
+    if request.prefer:
+        score *= lab
+    score *= m
+    ranked = _top4(score)
+    if not ranked:
+        return _why_not(table, request, static)
+    # Every feasible node scores >= QUANTUM unless some health is ~0 (factor floors:
+    # capacity 0.05, locality 0.027, label 0.5), so the bool mask usually is the answer.
+    pos = m if table.health_floor_ok else score >= QUANTUM
+    k = int(np.count_nonzero(pos))
+    if strat is Strategy.ROUND_ROBIN:
+        best = int(np.flatnonzero(pos)[rr_counter % k])
+        ranked = [i for i in ranked if i != best][:3]
+    else:
+        best, ranked = ranked[0], ranked[1:]
 
     def bd(i: int) -> Breakdown:
-        lm = float(lab if isinstance(lab, float) else lab[i])
         return {
             "health": float(table.health[i]),
             "capacity": float(cap[i]),
-            "locality": float(loc[i]),
-            "label_match": lm,
+            "locality": locality_value(
+                request.repo in table.repos_owned[i], request.repo in table.repos_replica[i], strat
+            ),
+            "label_match": float(lab if isinstance(lab, float) else lab[i]),
         }
 
-    name, s, b = table.names[best], float(score[best]), bd(best)
+    name, s, b = table.names[best], quantise(float(score[best])), bd(best)
     return Placement(
         node=name,
         score=s,
         breakdown=b,
-        runners_up=[(table.names[i], float(score[i]), bd(i)) for i in top],
+        runners_up=[(table.names[i], quantise(float(score[i])), bd(i)) for i in ranked],
         reason=_chosen_reason(strat, name, s, b, k, len(table)),
         strategy=strat.value,
         feasible=k,
     )
 
 
-def _best(free: np.ndarray, table: NodeTable) -> float:
+_BLOCK = 64
+_LANES = np.arange(_BLOCK)
+
+
+def _top4(score: np.ndarray) -> list[int]:
+    """Indices of the (up to) 4 best positive scores, by quantised score then index (= name).
+
+    Block maxima narrow the search: the 4 largest values live in the 4 blocks with the
+    largest maxima, so only those 4 x 64 entries are partitioned. Only nodes quantised-equal
+    to the 4th value can displace one another; they are ordered by index.
+    """
+    n = score.size
+    if n > 4 * _BLOCK:
+        bmax = np.maximum.reduceat(score, np.arange(0, n, _BLOCK))
+        blocks = np.argpartition(bmax, bmax.size - 4)[bmax.size - 4 :]
+        cand = (blocks[:, None] * _BLOCK + _LANES).ravel()
+        cand = cand[cand < n]
+    else:
+        cand = np.arange(n)
+    vals = score[cand]
+    if vals.size > 4:
+        sel = np.argpartition(vals, vals.size - 4)[vals.size - 4 :]
+        cand, vals = cand[sel], vals[sel]
+    top = vals.tolist()
+    if max(top) < QUANTUM:
+        return []
+    thr = max(quantise(min(top)), QUANTUM)
+    upper = thr + QUANTUM
+    pairs = [(v, int(i)) for v, i in zip(top, cand.tolist(), strict=True) if v >= thr]
+    above = sorted((-quantise(v), i) for v, i in pairs if v >= upper)
+    if int(np.count_nonzero(score >= thr)) == len(pairs):
+        tied = sorted(i for v, i in pairs if v < upper)  # no tie hides outside cand
+    else:
+        at = score >= thr
+        at &= score < upper
+        tied = np.flatnonzero(at)[:4].tolist()
+    return [i for _, i in above] + tied[: 4 - len(above)]
+
+
+def _why_not(table: NodeTable, req: TaskRequest, static: np.ndarray) -> Unschedulable:
+    """Slow path: re-apply the resource filters in order to name the one that emptied the set."""
     cand = table.alive & table.runnable
-    return float(free[cand].max()) if cand.any() else 0.0
-
-
-def _top(score: np.ndarray, feasible: np.ndarray, exclude: int, k: int) -> list[int]:
-    """Indices of the k best feasible nodes other than `exclude`, by score then name."""
-    cand = feasible[feasible != exclude]
-    if cand.size > k:
-        part = np.argpartition(-score[cand], k - 1)[:k]
-        # argpartition breaks ties arbitrarily: widen to every node tied with the k-th.
-        kth = score[cand[part]].min()
-        cand = cand[score[cand] >= kth]
-    order = np.lexsort((cand, -score[cand]))
-    return [int(i) for i in cand[order[:k]]]
+    m = static & (table.cpu_free >= req.cpu - EPS)
+    if not m.any():
+        best = float(table.cpu_free[cand].max()) if cand.any() else 0.0
+        return Unschedulable(_reason_cpu(req, best), "cpu")
+    m &= table.mem_free >= req.memory_mb - EPS
+    if not m.any():
+        best = float(table.mem_free[cand].max()) if cand.any() else 0.0
+        return Unschedulable(_reason_mem(req, best), "memory")
+    m &= table.has_slot
+    if m.any():
+        return Unschedulable(REASON_HEALTH, "health")
+    return Unschedulable(REASON_SLOT, "runner")
 
 
 # --- plain Python baseline -----------------------------------------------------------------
@@ -424,7 +508,7 @@ def place_plain(
     scored: list[tuple[float, str, Breakdown]] = []
     for n in cand:
         bd = _breakdown_plain(n, request, strat)
-        s = quantise(bd["health"] * bd["capacity"] * bd["locality"] * bd["label_match"])
+        s = quantise(((bd["health"] * bd["locality"]) * bd["capacity"]) * bd["label_match"])
         if s > 0:
             scored.append((s, n.name, bd))
     if not scored:
@@ -449,15 +533,24 @@ def place_plain(
 
 
 def _breakdown_plain(n: NodeInfo, req: TaskRequest, strat: Strategy) -> Breakdown:
+    """Factors for one node, with the float operations of `place` in the same order."""
     inv_c = 1.0 / n.cpu_total if n.cpu_total > 0 else 0.0
     inv_m = 1.0 / n.mem_total_mb if n.mem_total_mb > 0 else 0.0
     inv_r = 1.0 / float(n.runners_total) if n.runners_total > 0 else 0.0
-    fc = ((n.cpu_total - n.cpu_used) - req.cpu) * inv_c
-    fm = ((n.mem_total_mb - n.mem_used_mb) - req.memory_mb) * inv_m
-    fr = ((n.runners_total - n.runners_used) - 1) * inv_r
+    free_c = n.cpu_total - n.cpu_used
+    free_m = n.mem_total_mb - n.mem_used_mb
+    if strat is Strategy.BEST_FIT:
+        cap = binpack_scalar(
+            (free_c - req.cpu) * (inv_c * LN10), (free_m - req.memory_mb) * (inv_m * LN10)
+        )
+    else:
+        fr = ((n.runners_total - n.runners_used) - 1) * inv_r
+        cap = spread_scalar((free_c - req.cpu) * inv_c, (free_m - req.memory_mb) * inv_m, fr)
+        if strat is Strategy.LOCALITY:
+            cap = locality_capacity_scalar(cap)
     return {
         "health": min(max(float(n.health), 0.0), 1.0),
-        "capacity": capacity_scalar(strat, fc, fm, fr),
+        "capacity": cap,
         "locality": locality_value(req.repo in n.repos_owned, req.repo in n.repos_replica, strat),
         "label_match": label_match_scalar(dict(n.labels), dict(req.prefer)),
     }

@@ -41,49 +41,58 @@ def quantise(x: float) -> float:
     return math.floor(x / QUANTUM) * QUANTUM
 
 
-def quantise_vec(x: np.ndarray) -> np.ndarray:
-    return np.floor(x / QUANTUM) * QUANTUM
-
-
 # --- capacity ----------------------------------------------------------------------------
+# Inputs are post-placement free fractions: fc (cpu), fm (memory), fr (runner slots).
+# Best-fit takes fc and fm pre-multiplied by ln 10 (10^x = e^(x ln 10): numpy's exp is
+# vectorised, its power is not).
+
+LN10 = math.log(10.0)
+_KB = (1.0 - CAPACITY_FLOOR) / 18.0
+_KS = (1.0 - CAPACITY_FLOOR) / 3.0
 
 
-def binpack_vec(fc: np.ndarray, fm: np.ndarray) -> np.ndarray:
-    """Nomad's binpack on post-placement free fractions: 20 - (10^fc + 10^fm), in [0,18] / 18."""
-    raw = 20.0 - (np.power(10.0, fc) + np.power(10.0, fm))
-    return CAPACITY_FLOOR + (1.0 - CAPACITY_FLOOR) * (np.clip(raw, 0.0, 18.0) / 18.0)
+def binpack_vec(fc_ln: np.ndarray, fm_ln: np.ndarray) -> np.ndarray:
+    """Nomad's binpack: 20 - (10^fc + 10^fm), clamped to [0, 18] and scaled to [floor, 1].
+
+    Works in place on `fc_ln` (a scratch buffer) to avoid allocations on the hot path.
+    """
+    raw = np.exp(fc_ln, out=fc_ln)
+    raw += np.exp(fm_ln, out=fm_ln)
+    np.subtract(20.0, raw, out=raw)
+    np.clip(raw, 0.0, 18.0, out=raw)
+    raw *= _KB
+    raw += CAPACITY_FLOOR
+    return raw
 
 
-def binpack_scalar(fc: float, fm: float) -> float:
-    raw = 20.0 - (10.0**fc + 10.0**fm)
-    return CAPACITY_FLOOR + (1.0 - CAPACITY_FLOOR) * (min(max(raw, 0.0), 18.0) / 18.0)
+def binpack_scalar(fc_ln: float, fm_ln: float) -> float:
+    """Scalar twin of `binpack_vec` (same ln 10 pre-multiplied inputs)."""
+    raw = 20.0 - (math.exp(fc_ln) + math.exp(fm_ln))
+    return CAPACITY_FLOOR + min(max(raw, 0.0), 18.0) * _KB
 
 
 def spread_vec(fc: np.ndarray, fm: np.ndarray, fr: np.ndarray) -> np.ndarray:
     """Mean free fraction (cpu, memory, runner slots) left after placement: emptiest wins."""
-    return CAPACITY_FLOOR + (1.0 - CAPACITY_FLOOR) * ((fc + fm + fr) / 3.0)
+    s = fc + fm
+    s += fr
+    s *= _KS
+    s += CAPACITY_FLOOR
+    return s
 
 
 def spread_scalar(fc: float, fm: float, fr: float) -> float:
-    return CAPACITY_FLOOR + (1.0 - CAPACITY_FLOOR) * ((fc + fm + fr) / 3.0)
+    return CAPACITY_FLOOR + ((fc + fm) + fr) * _KS
 
 
-def capacity_vec(strategy: Strategy, fc: np.ndarray, fm: np.ndarray, fr: np.ndarray) -> np.ndarray:
-    if strategy is Strategy.BEST_FIT:
-        return binpack_vec(fc, fm)
-    s = spread_vec(fc, fm, fr)
-    if strategy is Strategy.LOCALITY:
-        return 0.5 + 0.5 * s  # only separates nodes of equal locality
+def locality_capacity_vec(s: np.ndarray) -> np.ndarray:
+    """Locality strategy: load only separates nodes of equal locality."""
+    s *= 0.5
+    s += 0.5
     return s
 
 
-def capacity_scalar(strategy: Strategy, fc: float, fm: float, fr: float) -> float:
-    if strategy is Strategy.BEST_FIT:
-        return binpack_scalar(fc, fm)
-    s = spread_scalar(fc, fm, fr)
-    if strategy is Strategy.LOCALITY:
-        return 0.5 + 0.5 * s
-    return s
+def locality_capacity_scalar(s: float) -> float:
+    return 0.5 + s * 0.5
 
 
 # --- locality ----------------------------------------------------------------------------
