@@ -12,6 +12,7 @@ import fcntl
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from kovanex.gitstate.ledger import task_ref
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = (ROOT / "templates" / "shell.toml").read_bytes()
 N = 16
-ROUNDS = 12
+ROUNDS = 30
 
 WORKER = r"""
 import fcntl, json, sys
@@ -127,20 +128,28 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True).stdout.decode()
 
 
-@pytest.fixture
-def queued_task(tmp_path: Path) -> tuple[Path, Path, str]:
-    repo = tmp_path / "r.git"
-    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+def make_queued(repo: Path, tid: str) -> None:
+    """What a push plus the agent do: a user commit with the spec, then a queued commit."""
     store = Pygit2Store(str(repo))
     t = store.tree_with(None, {".kovanex/task.toml": SPEC})
-    c = store.create_commit(t, [], "race me\n", ("Ada", "ada@example.invalid"), 100)
-    store.cas_ref(task_ref("t1"), c, None)
+    c = store.create_commit(t, [], f"{tid}\n", ("Ada", "ada@example.invalid"), 100)
+    store.cas_ref(task_ref(tid), c, None)
     led = TaskLedger(store, "submitter")
-    v = led.read("t1")
-    led.append("t1", T.queue(v, 50), expected_tip=v.tip, lease_epoch=0)
-    script = tmp_path / "worker.py"
+    led.append(tid, T.queue(led.read(tid), 50), expected_tip=c, lease_epoch=0)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Node]]]:
+    """One bare repo and N node processes, shared by the tests here (spawning is the cost)."""
+    tmp = tmp_path_factory.mktemp("race")
+    repo = tmp / "r.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    script = tmp / "worker.py"
     script.write_text(WORKER)
-    return repo, script, "t1"
+    nodes = spawn(script, repo, "-", N)
+    yield repo, nodes
+    for nd in nodes:
+        nd.close()
 
 
 def race(nodes: list[Node], gate_path: Path, **cmd: object) -> dict[str, dict[str, object]]:
@@ -167,13 +176,12 @@ def spawn(script: Path, repo: Path, tid: str, n: int) -> list[Node]:
 
 
 def test_sixteen_processes_claim_one_task_exactly_one_wins(
-    queued_task: tuple[Path, Path, str],
+    cluster: tuple[Path, list[Node]],
 ) -> None:
-    repo, script, tid = queued_task
-    nodes = spawn(script, repo, tid, N)
-    answers = race(nodes, repo.parent / "gate", op="claim")
-    for nd in nodes:
-        nd.close()
+    repo, nodes = cluster
+    tid = "claim1"
+    make_queued(repo, tid)
+    answers = race(nodes, repo.parent / "gate", op="claim", tid=tid)
     winners = [name for name, a in answers.items() if a["won"]]
     assert len(winners) == 1, answers
     winner = winners[0]
@@ -187,22 +195,16 @@ def test_sixteen_processes_claim_one_task_exactly_one_wins(
     git(repo, "fsck", "--strict")
 
 
-def test_sixteen_processes_cas_on_the_same_decided_tip(queued_task: tuple[Path, Path, str]) -> None:
+def test_sixteen_processes_cas_on_the_same_decided_tip(cluster: tuple[Path, list[Node]]) -> None:
     """Everyone reads first, then all CAS at once: the race is purely on the ref update.
 
     Several rounds (one fresh task each) so that a check-then-act CAS, which only loses when
     two processes interleave inside a few microseconds, cannot pass by luck.
     """
-    repo, script, _ = queued_task
-    store = Pygit2Store(str(repo))
-    led = TaskLedger(store, "submitter")
-    tids = [f"r{i}" for i in range(ROUNDS)]
+    repo, nodes = cluster
+    tids = [f"round{i}" for i in range(ROUNDS)]
     for tid in tids:
-        t = store.tree_with(None, {".kovanex/task.toml": SPEC})
-        c = store.create_commit(t, [], f"{tid}\n", ("Ada", "ada@example.invalid"), 100)
-        store.cas_ref(task_ref(tid), c, None)
-        led.append(tid, T.queue(led.read(tid), 50), expected_tip=c, lease_epoch=0)
-    nodes = spawn(script, repo, "r0", N)
+        make_queued(repo, tid)
     for tid in tids:
         tips = {nd.call(op="decide", tid=tid)["tip"] for nd in nodes}
         assert len(tips) == 1
@@ -213,35 +215,39 @@ def test_sixteen_processes_cas_on_the_same_decided_tip(queued_task: tuple[Path, 
         assert winners[0]["tip"] == final
         losers = [a for a in answers.values() if not a["won"]]
         assert len(losers) == N - 1 and all(a["conflict"] and a["actual"] == final for a in losers)
-    for nd in nodes:
-        nd.close()
     git(repo, "fsck", "--strict")
 
 
-def test_stale_lease_is_refused_after_replacement(queued_task: tuple[Path, Path, str]) -> None:
-    repo, script, tid = queued_task
-    n1, n2 = spawn(script, repo, tid, 2)
-    assert n1.call(op="claim") == {
-        "won": True,
-        "epoch": 1,
-        "tip": git(repo, "rev-parse", task_ref(tid)).strip(),
-    }
-    assert n1.call(op="start")["ok"]
-    assert n1.call(op="remember") == {"ok": True}
+def test_stale_lease_is_refused_after_replacement(cluster: tuple[Path, list[Node]]) -> None:
+    repo, nodes = cluster
+    n1, n2 = nodes[0], nodes[1]
+    tid = "stale1"
+    make_queued(repo, tid)
+    lease = n1.call(op="claim", tid=tid)
+    assert lease == {"won": True, "epoch": 1, "tip": git(repo, "rev-parse", task_ref(tid)).strip()}
+    assert n1.call(op="start", tid=tid)["ok"]
+    assert n1.call(op="remember", tid=tid) == {"ok": True}
     # n1 goes quiet; the cluster takes the task back and n2 claims it with a new epoch.
     led = TaskLedger(Pygit2Store(str(repo)), "failover")
     v = led.read(tid)
-    led.append(tid, T.requeue(v, "node01 suspected"), expected_tip=v.tip, lease_epoch=v.epoch + 1)
-    assert n2.call(op="claim")["epoch"] == 3
+    led.append(tid, T.requeue(v, "node00 suspected"), expected_tip=v.tip, lease_epoch=v.epoch + 1)
+    assert n2.call(op="claim", tid=tid)["epoch"] == 3
     before = git(repo, "rev-parse", task_ref(tid)).strip()
     # n1 wakes up: on the tip it remembers, the ref CAS fails ...
-    assert n1.call(op="step", fresh=False) == {"won": False, "conflict": True, "actual": before}
+    assert n1.call(op="step", tid=tid, fresh=False) == {
+        "won": False,
+        "conflict": True,
+        "actual": before,
+    }
     # ... and on a freshly read tip its old lease is fenced out.
-    assert n1.call(op="step", fresh=True) == {"won": False, "stale": True, "given": 1, "current": 3}
+    assert n1.call(op="step", tid=tid, fresh=True) == {
+        "won": False,
+        "stale": True,
+        "given": 1,
+        "current": 3,
+    }
     # n2, the current holder, can write.
-    assert n2.call(op="start")["ok"]
-    n1.close()
-    n2.close()
+    assert n2.call(op="start", tid=tid)["ok"]
     v = led.read(tid)
     assert (v.state, v.node, v.epoch) == ("running", "node01", 3)
     assert Pygit2Store(str(repo)).read_file(v.tip, "out.txt") is None  # nothing from node00
