@@ -3,135 +3,67 @@
 Hard constraints are filters applied first, in a fixed order, so a zero score always
 means "infeasible" and an unschedulable task is explained by the filter that removed
 the last candidates. `place` (numpy) and `place_plain` (pure Python, the benchmark
-baseline) return the same placements; tests assert it.
+baseline) return the same placements; tests assert it. The value types (NodeInfo,
+TaskRequest, Placement, Unschedulable) live in `strategies` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from kovanex.core.strategies import (
+    EPS,
+    FACTORS,
+    HEALTH_FLOOR,
     LN10,
     PREFER_PENALTY,
     QUANTUM,
+    REASON_ALIVE,
+    REASON_EMPTY,
+    REASON_HEALTH,
+    REASON_ROLE,
+    REASON_SLOT,
     ROLES_RUNNING_TASKS,
+    Breakdown,
+    NodeInfo,
+    Placement,
     Strategy,
+    TaskRequest,
+    Unschedulable,
     binpack_scalar,
     binpack_vec,
+    chosen_reason,
     label_match_scalar,
     locality_capacity_scalar,
     locality_capacity_vec,
     locality_value,
     locality_vec,
     quantise,
+    reason_cap,
+    reason_cpu,
+    reason_labels,
+    reason_mem,
     spread_scalar,
     spread_vec,
 )
 
-EPS = 1e-9  # resource comparisons tolerate float dust from repeated apply/release
-HEALTH_FLOOR = 1e-6  # above it, any feasible node's score is >= QUANTUM
-FACTORS = ("health", "capacity", "locality", "label_match")
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """What the scheduler knows about one node (from gossip and the health matrix)."""
-
-    name: str
-    role: str = "FULL"  # FULL | SERVER | RUNNER | STORAGE
-    labels: Mapping[str, str] = field(default_factory=dict)
-    capabilities: frozenset[str] = frozenset()
-    health: float = 1.0
-    cpu_total: float = 0.0
-    cpu_used: float = 0.0
-    mem_total_mb: float = 0.0
-    mem_used_mb: float = 0.0
-    runners_total: int = 0
-    runners_used: int = 0
-    repos_owned: frozenset[str] = frozenset()
-    repos_replica: frozenset[str] = frozenset()
-    alive: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRequest:
-    """One task to place. `labels` are required (hard); `prefer` labels only lower the score."""
-
-    task_id: str
-    repo: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    requires: frozenset[str] = frozenset()
-    cpu: float = 1.0
-    memory_mb: float = 0.0
-    strategy: str = Strategy.BEST_FIT.value
-    priority: int = 0  # recorded; ordering among pending tasks is the caller's queue
-    prefer: Mapping[str, str] = field(default_factory=dict)
-
-
-Breakdown = dict[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    node: str
-    score: float
-    breakdown: Breakdown
-    runners_up: list[tuple[str, float, Breakdown]]
-    reason: str
-    strategy: str = Strategy.BEST_FIT.value
-    feasible: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Unschedulable:
-    reason: str
-    stage: str  # which filter emptied the candidate set
-
-
-# --- filter reasons (shared by both implementations so messages are identical) ------------
-
-
-def _fmt_num(x: float) -> str:
-    return f"{x:.1f}" if float(x) != int(x) or x < 100 else f"{int(x)}"
-
-
-def _reason_cap(missing: Sequence[str]) -> str:
-    if len(missing) == 1:
-        return f"no node provides capability {missing[0]}"
-    return "no node provides all of capabilities " + ", ".join(missing)
-
-
-def _reason_labels(missing: Sequence[tuple[str, str]]) -> str:
-    if len(missing) == 1:
-        return f"no node has label {missing[0][0]}={missing[0][1]}"
-    return "no node has all of labels " + ", ".join(f"{k}={v}" for k, v in missing)
-
-
-def _reason_cpu(req: TaskRequest, best: float) -> str:
-    return f"no node has {float(req.cpu):.1f} free cpu (most free: {best:.1f})"
-
-
-def _reason_mem(req: TaskRequest, best: float) -> str:
-    return f"no node has {_fmt_num(req.memory_mb)} MB free memory (most free: {best:.0f} MB)"
-
-
-REASON_EMPTY = "no nodes in the cluster"
-REASON_ALIVE = "no alive node"
-REASON_ROLE = "no alive node can run tasks (only SERVER/STORAGE roles)"
-REASON_SLOT = "no node has a free runner slot"
-REASON_HEALTH = "every feasible node reports health 0"
-
-
-def _chosen_reason(
-    strategy: Strategy, node: str, score: float, bd: Breakdown, k: int, n: int
-) -> str:
-    f = " x ".join(f"{name} {bd[name]:.2f}" for name in FACTORS)
-    return f"{strategy.value}: {node} score {score:.3f} = {f}; {k}/{n} nodes feasible"
-
+__all__ = [
+    "FACTORS",
+    "NodeInfo",
+    "NodeTable",
+    "Placement",
+    "Strategy",
+    "TaskRequest",
+    "Unschedulable",
+    "apply_plain",
+    "fragmentation",
+    "place",
+    "place_plain",
+]
 
 # --- the struct-of-arrays table -----------------------------------------------------------
 
@@ -281,14 +213,14 @@ class NodeTable:
             m = m & self._cap.get(cap, False)
             if not m.any():
                 missing = [c for c in caps if not (base & self._cap.get(c, False)).any()]
-                return None, Unschedulable(_reason_cap(missing or caps), "capability")
+                return None, Unschedulable(reason_cap(missing or caps), "capability")
         base = m
         items = sorted(req.labels.items())
         for kv in items:
             m = m & self._label.get(kv, False)
             if not m.any():
                 missing = [p for p in items if not (base & self._label.get(p, False)).any()]
-                return None, Unschedulable(_reason_labels(missing or items), "label")
+                return None, Unschedulable(reason_labels(missing or items), "label")
         return m, None
 
     def locality(self, repo: str, strategy: Strategy) -> np.ndarray:
@@ -398,7 +330,7 @@ def place(
         score=s,
         breakdown=b,
         runners_up=[(table.names[i], quantise(float(score[i])), bd(i)) for i in ranked],
-        reason=_chosen_reason(strat, name, s, b, k, len(table)),
+        reason=chosen_reason(strat, name, s, b, k, len(table)),
         strategy=strat.value,
         feasible=k,
     )
@@ -449,11 +381,11 @@ def _why_not(table: NodeTable, req: TaskRequest, static: np.ndarray) -> Unschedu
     m = static & (table.cpu_free >= req.cpu - EPS)
     if not m.any():
         best = float(table.cpu_free[cand].max()) if cand.any() else 0.0
-        return Unschedulable(_reason_cpu(req, best), "cpu")
+        return Unschedulable(reason_cpu(req, best), "cpu")
     m &= table.mem_free >= req.memory_mb - EPS
     if not m.any():
         best = float(table.mem_free[cand].max()) if cand.any() else 0.0
-        return Unschedulable(_reason_mem(req, best), "memory")
+        return Unschedulable(reason_mem(req, best), "memory")
     m &= table.has_slot
     if m.any():
         return Unschedulable(REASON_HEALTH, "health")
@@ -486,22 +418,22 @@ def place_plain(
         cand = [n for n in cand if cap in n.capabilities]
         if not cand:
             missing = [c for c in reqs if not any(c in n.capabilities for n in runnable)]
-            return Unschedulable(_reason_cap(missing or reqs), "capability")
+            return Unschedulable(reason_cap(missing or reqs), "capability")
     base = cand
     items = sorted(request.labels.items())
     for k, v in items:
         cand = [n for n in cand if n.labels.get(k) == v]
         if not cand:
             missing = [(a, b) for a, b in items if not any(n.labels.get(a) == b for n in base)]
-            return Unschedulable(_reason_labels(missing or items), "label")
+            return Unschedulable(reason_labels(missing or items), "label")
     cpu_cand = [n for n in cand if (n.cpu_total - n.cpu_used) >= request.cpu - EPS]
     if not cpu_cand:
         best = max((n.cpu_total - n.cpu_used for n in runnable), default=0.0)
-        return Unschedulable(_reason_cpu(request, best), "cpu")
+        return Unschedulable(reason_cpu(request, best), "cpu")
     mem_cand = [n for n in cpu_cand if (n.mem_total_mb - n.mem_used_mb) >= request.memory_mb - EPS]
     if not mem_cand:
         best = max((n.mem_total_mb - n.mem_used_mb for n in runnable), default=0.0)
-        return Unschedulable(_reason_mem(request, best), "memory")
+        return Unschedulable(reason_mem(request, best), "memory")
     cand = [n for n in mem_cand if n.runners_used < n.runners_total]
     if not cand:
         return Unschedulable(REASON_SLOT, "runner")
@@ -526,7 +458,7 @@ def place_plain(
         score=s,
         breakdown=b,
         runners_up=runners_up,
-        reason=_chosen_reason(strat, name, s, b, len(scored), len(nodes)),
+        reason=chosen_reason(strat, name, s, b, len(scored), len(nodes)),
         strategy=strat.value,
         feasible=len(scored),
     )

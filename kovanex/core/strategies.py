@@ -1,4 +1,6 @@
-"""Placement strategies: how capacity and locality turn into factors in [0, 1].
+"""Placement vocabulary (nodes, requests, results, reasons) and the factor formulas.
+
+Strategies decide how capacity and locality turn into factors in [0, 1].
 
 Each formula exists twice, vectorised (numpy, for `scoring.place`) and scalar (plain
 Python, for `scoring.place_plain`), written with the same operation order so the two
@@ -9,6 +11,8 @@ last-bit difference cannot reorder nodes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -39,6 +43,109 @@ QUANTUM = 2.0**-40
 def quantise(x: float) -> float:
     """Round a score down to a multiple of 2^-40 so numpy and plain Python rank identically."""
     return math.floor(x / QUANTUM) * QUANTUM
+
+
+# --- the placement vocabulary ------------------------------------------------------------
+
+EPS = 1e-9  # resource comparisons tolerate float dust from repeated apply/release
+HEALTH_FLOOR = 1e-6  # above it, any feasible node's score is >= QUANTUM
+FACTORS = ("health", "capacity", "locality", "label_match")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the scheduler knows about one node (from gossip and the health matrix)."""
+
+    name: str
+    role: str = "FULL"  # FULL | SERVER | RUNNER | STORAGE
+    labels: Mapping[str, str] = field(default_factory=dict)
+    capabilities: frozenset[str] = frozenset()
+    health: float = 1.0
+    cpu_total: float = 0.0
+    cpu_used: float = 0.0
+    mem_total_mb: float = 0.0
+    mem_used_mb: float = 0.0
+    runners_total: int = 0
+    runners_used: int = 0
+    repos_owned: frozenset[str] = frozenset()
+    repos_replica: frozenset[str] = frozenset()
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """One task to place. `labels` are required (hard); `prefer` labels only lower the score."""
+
+    task_id: str
+    repo: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    requires: frozenset[str] = frozenset()
+    cpu: float = 1.0
+    memory_mb: float = 0.0
+    strategy: str = Strategy.BEST_FIT.value
+    priority: int = 0  # recorded; ordering among pending tasks is the caller's queue
+    prefer: Mapping[str, str] = field(default_factory=dict)
+
+
+Breakdown = dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    score: float
+    breakdown: Breakdown
+    runners_up: list[tuple[str, float, Breakdown]]
+    reason: str
+    strategy: str = Strategy.BEST_FIT.value
+    feasible: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    reason: str
+    stage: str  # which filter emptied the candidate set
+
+
+# --- filter reasons (shared by both implementations so messages are identical) ------------
+
+
+def _fmt_num(x: float) -> str:
+    return f"{x:.1f}" if float(x) != int(x) or x < 100 else f"{int(x)}"
+
+
+def reason_cap(missing: Sequence[str]) -> str:
+    if len(missing) == 1:
+        return f"no node provides capability {missing[0]}"
+    return "no node provides all of capabilities " + ", ".join(missing)
+
+
+def reason_labels(missing: Sequence[tuple[str, str]]) -> str:
+    if len(missing) == 1:
+        return f"no node has label {missing[0][0]}={missing[0][1]}"
+    return "no node has all of labels " + ", ".join(f"{k}={v}" for k, v in missing)
+
+
+def reason_cpu(req: TaskRequest, best: float) -> str:
+    return f"no node has {float(req.cpu):.1f} free cpu (most free: {best:.1f})"
+
+
+def reason_mem(req: TaskRequest, best: float) -> str:
+    return f"no node has {_fmt_num(req.memory_mb)} MB free memory (most free: {best:.0f} MB)"
+
+
+REASON_EMPTY = "no nodes in the cluster"
+REASON_ALIVE = "no alive node"
+REASON_ROLE = "no alive node can run tasks (only SERVER/STORAGE roles)"
+REASON_SLOT = "no node has a free runner slot"
+REASON_HEALTH = "every feasible node reports health 0"
+
+
+def chosen_reason(
+    strategy: Strategy, node: str, score: float, bd: Breakdown, k: int, n: int
+) -> str:
+    f = " x ".join(f"{name} {bd[name]:.2f}" for name in FACTORS)
+    return f"{strategy.value}: {node} score {score:.3f} = {f}; {k}/{n} nodes feasible"
 
 
 # --- capacity ----------------------------------------------------------------------------
