@@ -8,6 +8,7 @@ once (a push is rejected with the full list, not one error per round trip).
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -32,6 +33,10 @@ class SpecError(Exception):
         self.file = file
         self.field = field
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str]]:
+        # Errors cross process boundaries (hook -> agent); keep them picklable.
+        return (SpecError, (self.file, self.field, self.reason))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SpecError) and (self.file, self.field, self.reason) == (
@@ -82,16 +87,20 @@ class TaskSpec:
 
 
 @cache
-def schema() -> dict[str, Any]:
-    """The JSON Schema, loaded from package data so hooks and docs share one source."""
+def _schema() -> dict[str, Any]:
     text = resources.files("kovanex").joinpath("schema/task.schema.json").read_text("utf-8")
     return json.loads(text)
 
 
+def schema() -> dict[str, Any]:
+    """The JSON Schema from package data (a copy: callers may not corrupt the validator's)."""
+    return copy.deepcopy(_schema())
+
+
 @cache
 def _validator() -> Draft202012Validator:
-    Draft202012Validator.check_schema(schema())
-    return Draft202012Validator(schema())
+    Draft202012Validator.check_schema(_schema())
+    return Draft202012Validator(_schema())
 
 
 def _path(parts: Any) -> str:

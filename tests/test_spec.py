@@ -251,6 +251,16 @@ def test_template_shapes() -> None:
     assert dep.kind == "deployment" and "while true" in (dep.steps[-1].run or "")
 
 
+def test_schema_copy_and_pickled_errors() -> None:
+    import pickle
+
+    spec.schema()["properties"].clear()  # mutating the copy must not weaken validation
+    assert fields(b"bogus = 1\n" + MINIMAL) == ["bogus"]
+    e = validate(b"priority = 500\n" + MINIMAL)[0]
+    again = pickle.loads(pickle.dumps(e))
+    assert again == e and str(again) == str(e) and again.field == "priority"
+
+
 def test_spec_dataclasses_are_frozen() -> None:
     t = load_spec(MINIMAL)
     with pytest.raises(AttributeError):
