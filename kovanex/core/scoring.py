@@ -337,6 +337,7 @@ def place(
 
 
 _BLOCK = 64
+_BLOCK_MIN = 2048  # below this a single argpartition is cheaper than block maxima
 _LANES = np.arange(_BLOCK)
 
 
@@ -348,7 +349,7 @@ def _top4(score: np.ndarray) -> list[int]:
     to the 4th value can displace one another; they are ordered by index.
     """
     n = score.size
-    if n > 4 * _BLOCK:
+    if n > _BLOCK_MIN:
         bmax = np.maximum.reduceat(score, np.arange(0, n, _BLOCK))
         blocks = np.argpartition(bmax, bmax.size - 4)[bmax.size - 4 :]
         cand = (blocks[:, None] * _BLOCK + _LANES).ravel()
