@@ -80,6 +80,37 @@ def assert_same(a: Placement | Unschedulable, b: Placement | Unschedulable) -> N
     assert (a.feasible, a.strategy) == (b.feasible, b.strategy)
 
 
+def feasible(n: NodeInfo, r: TaskRequest) -> bool:
+    """The hard filters, written out independently of both implementations."""
+    return (
+        n.alive
+        and n.role in ("FULL", "RUNNER")
+        and set(r.requires) <= set(n.capabilities)
+        and all(n.labels.get(k) == v for k, v in r.labels.items())
+        and n.cpu_total - n.cpu_used >= r.cpu - 1e-9
+        and n.mem_total_mb - n.mem_used_mb >= r.memory_mb - 1e-9
+        and n.runners_used < n.runners_total
+        and n.health > 0
+    )
+
+
+def check_invariants(nodes: list[NodeInfo], r: TaskRequest, res: Placement | Unschedulable) -> None:
+    by_name = {n.name: n for n in nodes}
+    ok = [n for n in nodes if feasible(n, r)]
+    if isinstance(res, Unschedulable):
+        assert ok == [], res
+        return
+    assert feasible(by_name[res.node], r)
+    assert res.feasible == len(ok)
+    assert 0.0 < res.score <= 1.0
+    for name, score, _ in res.runners_up:
+        assert feasible(by_name[name], r) and name != res.node
+        if res.strategy != Strategy.ROUND_ROBIN:
+            assert score <= res.score
+    if res.strategy != Strategy.ROUND_ROBIN and len(ok) > 1:
+        assert len(res.runners_up) == min(3, len(ok) - 1)
+
+
 def run_lockstep(seed: int, n_nodes: int, n_tasks: int) -> int:
     rng = random.Random(seed)
     nodes = random_nodes(rng, n_nodes)
@@ -92,6 +123,7 @@ def run_lockstep(seed: int, n_nodes: int, n_tasks: int) -> int:
         a = place(table, r, rr_counter=rr)
         b = place_plain(plain, r, rr_counter=rr)
         assert_same(a, b)
+        check_invariants(plain, r, a)
         if isinstance(a, Placement):
             table.apply(a.node, r)
             apply_plain(plain, table.index[a.node], r)
