@@ -1,0 +1,1 @@
+"""Gossip shells: wire codec, AES-GCM keyring, transports and the GossipNode."""
