@@ -4,7 +4,7 @@ Strategies decide how capacity and locality turn into factors in [0, 1].
 
 Each formula exists twice, vectorised (numpy, for `scoring.place`) and scalar (plain
 Python, for `scoring.place_plain`), written with the same operation order so the two
-agree up to the last bits of `10 ** x`; scores are then quantised (`quantise`) so a
+agree up to the last bit of `exp`; scores are then quantised (`quantise`) so a
 last-bit difference cannot reorder nodes.
 """
 
