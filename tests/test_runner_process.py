@@ -216,6 +216,27 @@ def test_runs_under_uvloop(tmp_path: Path) -> None:
     assert (tmp_path / "log").read_text() == "uv\n"
 
 
+def test_cancel_under_uvloop_kills_the_tree(tmp_path: Path) -> None:
+    async def main():
+        cancel = asyncio.Event()
+        step = asyncio.create_task(
+            run_step(
+                "sleep 300 & echo $! > gc.pid; wait",
+                cwd=tmp_path,
+                env=env_for(tmp_path),
+                timeout_s=60,
+                log_path=tmp_path / "log",
+                cancel=cancel,
+            )
+        )
+        await await_until(lambda: (tmp_path / "gc.pid").exists())
+        cancel.set()
+        return await step
+
+    assert uvloop.run(main()).result == "killed"
+    assert wait_until(lambda: gone(int((tmp_path / "gc.pid").read_text())))
+
+
 def test_step_env_is_built_from_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KOVANEX_CLUSTER_KEY", "s3cret-cluster")
     monkeypatch.setenv("KOVANEX_RPC_TOKEN", "s3cret-rpc")

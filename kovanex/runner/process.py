@@ -46,7 +46,8 @@ class StepOutcome:
 
     `exit_code` is the shell's return code (negative = killed by that signal), or
     None when the runner killed it (timeout, cancel) or it never started. `reason`
-    is a human sentence for anything that is not a plain exit.
+    is a human sentence for anything that is not a plain exit. `limit_mechanism` is
+    cgroup-v2, cgroup-v1, rlimit, or none (no limits asked for).
     """
 
     exit_code: int | None
