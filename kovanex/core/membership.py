@@ -557,9 +557,10 @@ class Membership:
             if tomb is None or tomb[0] < d.incarnation:
                 self.tombstones[d.name] = (d.incarnation, now, LEFT if d.source == d.name else DEAD)
             return
-        if d.incarnation < m.incarnation or m.status in (DEAD, LEFT):
-            return
         left = d.source == d.name
+        # A failed member may still become "left" (Serf force-leave), never the reverse.
+        if d.incarnation < m.incarnation or m.status == LEFT or (m.status == DEAD and not left):
+            return
         m.incarnation = d.incarnation
         self._set_status(m, LEFT if left else DEAD, now)
         self._queue(d, "m:" + d.name)
