@@ -140,7 +140,7 @@ def test_numpy_and_plain_agree_over_a_sequence(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_agree_on_a_large_cluster_with_many_ties(seed: int) -> None:
-    """Over 2,048 nodes `place` narrows the top-4 search by block maxima; ties must survive it."""
+    """A large cluster with many equal nodes: quantised ties must resolve identically."""
     placed = run_lockstep(seed, n_nodes=2500, n_tasks=30)
     assert placed > 0
 
@@ -151,7 +151,7 @@ def test_top4_prefers_lower_index_among_quantised_ties() -> None:
     from kovanex.core.scoring import _top4
 
     score = np.zeros(3000)
-    score[[2900, 10, 1500, 640, 3]] = 0.5  # five-way tie spread over different blocks
+    score[[2900, 10, 1500, 640, 3]] = 0.5  # five-way tie, one of them outside the partition
     score[2999] = 0.9
     assert _top4(score) == [2999, 3, 10, 640]
     score[10] = 0.5 + QUANTUM / 4  # below one quantum: still a tie, index decides

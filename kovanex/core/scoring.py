@@ -190,7 +190,9 @@ class NodeTable:
 
     def static_mask(self, req: TaskRequest) -> tuple[np.ndarray | None, Unschedulable | None]:
         """Alive, role, capabilities, labels: cached per constraint class (as Nomad does)."""
-        key = (frozenset(req.requires), tuple(sorted(req.labels.items())))
+        # Label order only affects cache hits, never the answer, so skip sorting here.
+        req_caps = req.requires if isinstance(req.requires, frozenset) else frozenset(req.requires)
+        key = (req_caps, tuple(req.labels.items()))
         hit = self._static.get(key)
         if hit is not None:
             return hit
@@ -314,66 +316,59 @@ def place(
     else:
         best, ranked = ranked[0], ranked[1:]
 
-    def bd(i: int) -> Breakdown:
-        return {
-            "health": float(table.health[i]),
-            "capacity": float(cap[i]),
-            "locality": locality_value(
-                request.repo in table.repos_owned[i], request.repo in table.repos_replica[i], strat
-            ),
-            "label_match": float(lab if isinstance(lab, float) else lab[i]),
-        }
-
-    name, s, b = table.names[best], quantise(float(score[best])), bd(best)
+    picks = [best, *ranked]
+    health = table.health[picks].tolist()
+    caps = cap[picks].tolist()
+    scores = score[picks].tolist()
+    labs = [lab] * len(picks) if isinstance(lab, float) else lab[picks].tolist()
+    repo = request.repo
+    rows = [
+        (
+            table.names[i],
+            quantise(scores[j]),
+            {
+                "health": health[j],
+                "capacity": caps[j],
+                "locality": locality_value(
+                    repo in table.repos_owned[i], repo in table.repos_replica[i], strat
+                ),
+                "label_match": labs[j],
+            },
+        )
+        for j, i in enumerate(picks)
+    ]
+    name, s, b = rows[0]
     return Placement(
         node=name,
         score=s,
         breakdown=b,
-        runners_up=[(table.names[i], quantise(float(score[i])), bd(i)) for i in ranked],
+        runners_up=rows[1:],
         reason=chosen_reason(strat, name, s, b, k, len(table)),
         strategy=strat.value,
         feasible=k,
     )
 
 
-_BLOCK = 64
-_BLOCK_MIN = 2048  # below this a single argpartition is cheaper than block maxima
-_LANES = np.arange(_BLOCK)
-
-
 def _top4(score: np.ndarray) -> list[int]:
     """Indices of the (up to) 4 best positive scores, by quantised score then index (= name).
 
-    Block maxima narrow the search: the 4 largest values live in the 4 blocks with the
-    largest maxima, so only those 4 x 64 entries are partitioned. Only nodes quantised-equal
-    to the 4th value can displace one another; they are ordered by index.
+    Four argmax rounds, not argpartition: introselect degrades badly on the many equal
+    values (zeros of filtered nodes, identical idle nodes) a real score vector has. Each
+    round takes the first index whose score reaches the maximum's quantum, which is the
+    lowest name among quantised ties. `score` is restored before returning.
     """
-    n = score.size
-    if n > _BLOCK_MIN:
-        bmax = np.maximum.reduceat(score, np.arange(0, n, _BLOCK))
-        blocks = np.argpartition(bmax, bmax.size - 4)[bmax.size - 4 :]
-        cand = (blocks[:, None] * _BLOCK + _LANES).ravel()
-        cand = cand[cand < n]
-    else:
-        cand = np.arange(n)
-    vals = score[cand]
-    if vals.size > 4:
-        sel = np.argpartition(vals, vals.size - 4)[vals.size - 4 :]
-        cand, vals = cand[sel], vals[sel]
-    top = vals.tolist()
-    if max(top) < QUANTUM:
-        return []
-    thr = max(quantise(min(top)), QUANTUM)
-    upper = thr + QUANTUM
-    pairs = [(v, int(i)) for v, i in zip(top, cand.tolist(), strict=True) if v >= thr]
-    above = sorted((-quantise(v), i) for v, i in pairs if v >= upper)
-    if int(np.count_nonzero(score >= thr)) == len(pairs):
-        tied = sorted(i for v, i in pairs if v < upper)  # no tie hides outside cand
-    else:
-        at = score >= thr
-        at &= score < upper
-        tied = np.flatnonzero(at)[:4].tolist()
-    return [i for _, i in above] + tied[: 4 - len(above)]
+    out: list[int] = []
+    saved: list[float] = []
+    for _ in range(min(4, score.size)):
+        top = float(score[int(np.argmax(score))])
+        if top < QUANTUM:
+            break
+        j = int(np.argmax(score >= quantise(top)))
+        out.append(j)
+        saved.append(float(score[j]))
+        score[j] = 0.0
+    score[out] = saved
+    return out
 
 
 def _why_not(table: NodeTable, req: TaskRequest, static: np.ndarray) -> Unschedulable:

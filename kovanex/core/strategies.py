@@ -144,8 +144,11 @@ REASON_HEALTH = "every feasible node reports health 0"
 def chosen_reason(
     strategy: Strategy, node: str, score: float, bd: Breakdown, k: int, n: int
 ) -> str:
-    f = " x ".join(f"{name} {bd[name]:.2f}" for name in FACTORS)
-    return f"{strategy.value}: {node} score {score:.3f} = {f}; {k}/{n} nodes feasible"
+    return (
+        f"{strategy.value}: {node} score {score:.3f} = health {bd['health']:.2f}"
+        f" x capacity {bd['capacity']:.2f} x locality {bd['locality']:.2f}"
+        f" x label_match {bd['label_match']:.2f}; {k}/{n} nodes feasible"
+    )
 
 
 # --- capacity ----------------------------------------------------------------------------
