@@ -151,11 +151,15 @@ def test_top4_prefers_lower_index_among_quantised_ties() -> None:
     from kovanex.core.scoring import _top4
 
     score = np.zeros(3000)
-    score[[2900, 10, 1500, 640, 3]] = 0.5  # five-way tie, one of them outside the partition
+    score[[2900, 10, 1500, 640, 3]] = 0.5  # five-way tie: the lowest indices win
     score[2999] = 0.9
     assert _top4(score) == [2999, 3, 10, 640]
     score[10] = 0.5 + QUANTUM / 4  # below one quantum: still a tie, index decides
+    before = score.copy()
     assert _top4(score) == [2999, 3, 10, 640]
+    np.testing.assert_array_equal(score, before)  # the scratch vector is restored
+    score[1500] = 0.5 + 2 * QUANTUM  # a whole quantum better: beats the lower indices
+    assert _top4(score) == [2999, 1500, 3, 10]
     assert _top4(np.zeros(3000)) == []
 
 
