@@ -410,3 +410,11 @@ def test_core_asks_for_one_wakeup_at_its_earliest_deadline() -> None:
     fx = a.start(0.0)
     timers = [e for e in fx if isinstance(e, SetTimer)]
     assert len(timers) == 1 and timers[0].at == min(h[0] for h in a._heap)
+
+
+def test_a_wakeup_that_fires_early_is_re_armed() -> None:
+    """asyncio may run call_at a clock-resolution early; the core must ask again."""
+    a = Membership("a", A, profile("lan"), random.Random(3))
+    (t,) = [e for e in a.start(0.0) if isinstance(e, SetTimer)]
+    again = [e for e in a.tick(t.at - 1e-6) if isinstance(e, SetTimer)]
+    assert again == [SetTimer("gossip", t.at)]

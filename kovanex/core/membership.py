@@ -215,6 +215,7 @@ class Membership:
         while h and h[0][0] <= now:
             _, _, kind, arg = heapq.heappop(h)
             getattr(self, "_t_" + kind)(now, arg, fx)
+        self._asked = None  # a shell timer may fire a hair early: always re-arm
         return self._finish(fx)
 
     def preload(self, now: float, states: list[MemberState]) -> None:
