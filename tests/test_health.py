@@ -66,6 +66,11 @@ def test_no_data_scores_zero_and_critical_metric_drags_score_down() -> None:
     assert health_score(np.zeros((6, 0))) == 0.0
     full_disk = dict(SEED_EXAMPLE, disk_pct=[100.0] * 5)
     assert health_score(full_disk) == 0.0  # geometric mean: a full disk is not "85% healthy"
+    full_mem = dict(SEED_EXAMPLE, mem_pct=[100.0] * 5)
+    assert health_score(full_mem) == 0.0
+    # A pegged CPU (or every runner busy) is busy, not broken: low but not zero.
+    pegged = dict(SEED_EXAMPLE, cpu_pct=[100.0] * 5, runner_free=[0] * 5)
+    assert 0.0 < health_score(pegged) < 0.5 * health_score(SEED_EXAMPLE)
 
 
 def test_kernel_is_normalised_and_recent_heavy() -> None:

@@ -42,6 +42,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
 
 # Goodness curve parameters (see the ADR for why these shapes).
 UTIL_EXPONENT = 2.0  # cpu/mem/disk: 1 - (pct/100)^2: gentle at low load, steep near full
+CPU_FLOOR = 0.1  # a pegged CPU is busy, not broken (full memory or disk is broken: floor 0)
 DB_LAT_HALF_MS = 10.0  # db latency at which goodness is 0.5
 QUEUE_HALF = 10.0  # queue depth at which goodness is 0.5
 RUNNER_FLOOR = 0.2  # all runners busy is "busy", not "broken"
@@ -107,6 +108,7 @@ def goodness(mat: np.ndarray, runner_total: float | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         util = np.minimum(x[0:3], 100.0) / 100.0
         g[0:3] = 1.0 - util**UTIL_EXPONENT
+        g[0] = CPU_FLOOR + (1.0 - CPU_FLOOR) * g[0]
         g[3] = 1.0 / (1.0 + x[3] / DB_LAT_HALF_MS)
         g[4] = 1.0 / (1.0 + x[4] / QUEUE_HALF)
         free = x[5]
