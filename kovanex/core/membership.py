@@ -119,6 +119,7 @@ class Membership:
         self.members: dict[str, Member] = {name: self.me}
         self._names: list[str] = []  # every member but me, for O(1) random picks
         self._live = 1
+        self._dead: set[str] = set()  # names currently DEAD (reconnect candidates)
         self.tombstones: dict[str, tuple[int, float, str]] = {}  # name -> (inc, since, status)
         self.app: dict[tuple[str, str], AppData] = {}
         self._app_clock = 0
@@ -220,9 +221,14 @@ class Membership:
 
     def preload(self, now: float, states: list[MemberState]) -> None:
         """Install known members without gossip or events (simulator bootstrap)."""
+        members, names = self.members, self._names
         for s in states:
-            if s.name != self.name and s.name not in self.members:
-                self._add(Member(s.name, s.addr, s.incarnation, s.status, dict(s.meta), now))
+            if s.name not in members:
+                members[s.name] = Member(s.name, s.addr, s.incarnation, s.status, s.meta, now)
+                names.append(s.name)
+                self._live += s.status in (ALIVE, SUSPECT)
+                if s.status == DEAD:
+                    self._dead.add(s.name)
 
     def member_list(self) -> list[MemberState]:
         return [m.state() for m in self.members.values()]
@@ -269,6 +275,10 @@ class Membership:
         self._live += is_live - was_live
         m.status = status
         m.changed = now
+        if status == DEAD:
+            self._dead.add(m.name)
+        else:
+            self._dead.discard(m.name)
         if status != SUSPECT:
             m.suspicion = None
 
@@ -312,9 +322,12 @@ class Membership:
         self._names.append(m.name)
         if m.status in (ALIVE, SUSPECT):
             self._live += 1
+        elif m.status == DEAD:
+            self._dead.add(m.name)
 
     def _remove(self, name: str) -> None:
         m = self.members.pop(name)
+        self._dead.discard(name)
         if m.status in (ALIVE, SUSPECT):
             self._live -= 1
         i = self._names.index(name)
@@ -410,10 +423,12 @@ class Membership:
     def _t_reconnect(self, now: float, _: Any, fx: list[Effect]) -> None:
         """Serf's reconnect: with probability dead/live, push-pull with a random dead member."""
         self._at(now + self.p.reconnect_interval, "reconnect")
-        dead = [self.members[n] for n in self._names if self.members[n].status == DEAD]
-        if self.leaving or not dead or self.rng.random() > len(dead) / max(1, self._live):
+        if self.leaving or not self._dead:
             return
-        m = dead[self.rng.randrange(len(dead))]
+        if self.rng.random() > len(self._dead) / max(1, self._live):
+            return
+        dead = sorted(self._dead)  # sorted: deterministic for a seed
+        m = self.members[dead[self.rng.randrange(len(dead))]]
         fx.append(SendStream(m.addr, self._pushpull(join=False, reply=False)))
 
     def _t_suspicion(self, now: float, arg: tuple[str, Suspicion], fx: list[Effect]) -> None:
