@@ -26,7 +26,7 @@ class SimNode:
     up: bool = True
     stalled_until: float = 0.0
     paused_until: float = 0.0
-    slow: float = 0.0  # extra processing delay per event (an overloaded CPU)
+    slow: float = 0.0  # extra delay before each received message is processed (backlog)
     events: list[tuple[float, str, Any]] = field(default_factory=list)
     bytes_out: int = 0
     packets_out: int = 0
@@ -159,7 +159,9 @@ class SimCluster:
         now = self.loop.now
         if kind == "msg" and now < nd.paused_until:
             return
-        late = max(nd.stalled_until, now + nd.slow) if nd.slow else nd.stalled_until
+        late = nd.stalled_until
+        if kind == "msg" and nd.slow:
+            late = max(late, now + nd.slow)  # a message backlog; the node's timers stay on time
         if late > now:
             self.loop.call_at(late, self._event_now, nd, gen, kind, ev)
             return
