@@ -54,7 +54,9 @@ class Agent:
         self.runs: dict[Key, TaskRun] = {}
         self.tips: dict[Key, str] = {}
         self.locks: dict[Key, asyncio.Lock] = {}
-        self.pending: set[Key] = set()
+        # queued tasks waiting for placement: key -> (tip, priority); read once per tip so
+        # scheduling stays O(pending) per pass instead of re-walking every history
+        self.pending: dict[Key, tuple[str, int]] = {}
         self.ledgers: dict[str, TaskLedger] = {}
         self.placer = Placer(self)
         self.stop_event = asyncio.Event()
@@ -140,7 +142,10 @@ class Agent:
         while True:
             await asyncio.sleep(SWEEP_S)
             try:
-                await self.reconcile_all()
+                for repo in self.repos():
+                    self.watcher.watch(self.repo_path(repo))
+                    await self.reconcile_repo(repo)
+                await self.schedule_pending()
             except Exception:
                 log.exception("sweep failed")
 
@@ -163,7 +168,6 @@ class Agent:
     def run_finished(self, run: TaskRun) -> None:
         self.runs.pop(run.key, None)
         self.slots.release()
-        self.pending.add(run.key)
         self._on_ref_change(run.lease.repo)
 
     # -- reconcile ---------------------------------------------------------------------
@@ -211,7 +215,8 @@ class Agent:
                 view = ledger.read(task_id)
                 self.tips[key] = view.tip
             if view.state in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
-                self.pending.add(key)
+                if self.pending.get(key, ("",))[0] != view.tip:
+                    self.pending[key] = (view.tip, self._priority(key))
             elif (
                 view.state in (taskcore.PLACED, taskcore.RUNNING)
                 and view.node == self.node
@@ -226,29 +231,22 @@ class Agent:
                 try:
                     tip = ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
                     self.tips[key] = tip
-                    self.pending.add(key)
+                    self.pending[key] = (tip, self._priority(key))
                 except (CasConflict, StaleEpoch):
                     self._on_ref_change(repo)
             else:
-                self.pending.discard(key)
+                self.pending.pop(key, None)
 
     async def schedule_pending(self) -> None:
         """Place queued tasks, highest priority first; capacity waits keep them queued."""
-        if not self.pending:
-            return
-        order: list[tuple[int, str, Key]] = []
-        for key in list(self.pending):
-            view = self.ledger(key[0]).read(key[1])
-            if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
-                self.pending.discard(key)
-                continue
-            prio = self._priority(key)
-            order.append((-prio, view.tip, key))
-        for _, _, key in sorted(order):
+        order = sorted((-prio, tip, key) for key, (tip, prio) in self.pending.items())
+        for _, _, key in order:
+            if self.slots.free == 0 and not self.remote_nodes():
+                return  # nothing can start until a slot frees; that kicks us again
             await self._schedule(key)
 
     def _priority(self, key: Key) -> int:
-        for _oid, tr, _subj in self.ledger(key[0]).history(key[1])[:50]:
+        for _oid, tr, _subj in self.ledger(key[0]).history(key[1])[:20]:
             if tr is not None and "Priority" in tr.extra:
                 try:
                     return int(tr.extra["Priority"])
@@ -263,19 +261,23 @@ class Agent:
             ledger = self.ledger(repo)
             view = ledger.read(task_id)
             if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
-                self.pending.discard(key)
+                self.pending.pop(key, None)
                 return
             try:
                 spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
             except specmod.SpecError as e:
                 self._unschedulable(ledger, view, f"invalid spec: {e}")
-                self.pending.discard(key)
+                self.pending.pop(key, None)
                 return
             decision = self.placer.place(repo, task_id, spec)
             if decision.waiting:
                 return  # capacity will free up; stay queued without writing
             if decision.node is None:
                 self._unschedulable(ledger, view, decision.reason)
+                self.pending[key] = (
+                    self.ledger(repo).tip(task_id) or view.tip,
+                    self.pending[key][1],
+                )
                 return
             if decision.node != self.node:
                 return  # another node's agent claims it (multi-node placement)
@@ -286,12 +288,12 @@ class Agent:
             except AlreadyClaimed as e:
                 self.slots.release()
                 log.info("%s/%s claimed by %s", repo, task_id, e)
-                self.pending.discard(key)
+                self.pending.pop(key, None)
                 return
             except (CasConflict, StaleEpoch):
                 self.slots.release()
                 return
-            self.pending.discard(key)
+            self.pending.pop(key, None)
             self.tips[key] = lease.tip
             run = TaskRun(self, Lease(repo, task_id, self.node, lease.epoch))
             run.request = request_of(repo, task_id, spec)

@@ -13,6 +13,8 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+WRITE_EVENTS = frozenset({"created", "modified", "moved", "deleted", "closed"})
+
 
 class _Handler(FileSystemEventHandler):
     def __init__(self, repos_dir: Path, notify: Callable[[str], None]) -> None:
@@ -20,6 +22,10 @@ class _Handler(FileSystemEventHandler):
         self.notify = notify
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        # Only writes: our own ref reads raise opened/closed_no_write events, and reacting
+        # to those would make every reconcile trigger the next one.
+        if event.event_type not in WRITE_EVENTS:
+            return
         for raw in (event.src_path, getattr(event, "dest_path", "")):
             path = str(raw or "")
             if not path or path.endswith(".lock"):

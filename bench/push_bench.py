@@ -1,0 +1,210 @@
+"""Issue 2 benchmarks: push cost, push-to-first-step latency, trivial tasks/s, idle RSS.
+
+Each figure runs beside its anchor in the same run:
+- push to a Kovanex repo vs push to a plain bare repo (interleaved, same commits);
+- trivial tasks/s vs the floor: spawn `true` + three CAS'd transition commits with pygit2.
+
+Run: .venv/bin/python -m bench.push_bench [--pushes 40] [--tasks 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pygit2
+
+from bench.common import md_table, p50, pct
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "b",
+    "GIT_AUTHOR_EMAIL": "b@b",
+    "GIT_COMMITTER_NAME": "b",
+    "GIT_COMMITTER_EMAIL": "b@b",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def sh(*cmd: str, cwd: Path | None = None) -> str:
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def kx(data: Path, *args: str) -> str:
+    return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
+
+
+def show(data: Path, task: str) -> dict:
+    return json.loads(kx(data, "task", "show", task, "--format", "json"))
+
+
+def wait(cond, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit("bench: timed out waiting")
+        time.sleep(0.005)
+
+
+def start_agent(data: Path, name: str, runners: int) -> subprocess.Popen:
+    kx(data, "init", "--name", name, "--bind", "127.0.0.1:0", "--runners", str(runners))
+    log = open(data / "agent.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kovanex", "--data", str(data), "agent", "--log-level", "warning"],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    wait(lambda: (data / "run" / "hook").exists(), 30)
+    return proc
+
+
+def bench_push(tmp: Path, data: Path, n: int) -> dict:
+    plain = tmp / "plain.git"
+    sh("git", "init", "-q", "--bare", str(plain))
+    kx(data, "repo", "create", "bench")
+    kxrepo = data / "repos" / "bench.git"
+    work = tmp / "w"
+    sh("git", "init", "-q", str(work))
+    (work / ".kovanex").mkdir()
+    stamp = tmp / "stamps"
+    stamp.mkdir()
+    plain_t, kx_t, first_step = [], [], []
+    for i in range(n):
+        spec = f'[[steps]]\nname = "s"\nrun = "date +%s.%N > {stamp}/{i}"\n'
+        (work / ".kovanex" / "task.toml").write_text(spec)
+        sh("git", "add", "-A", cwd=work)
+        sh("git", "commit", "-q", "--allow-empty", "-m", f"t{i}", cwd=work)
+        sh("git", "branch", "-q", f"task/p{i}", cwd=work)
+        for target, acc in ((plain, plain_t), (kxrepo, kx_t)):
+            t0 = time.perf_counter()
+            sh("git", "push", "-q", str(target), f"task/p{i}", cwd=work)
+            dt = time.perf_counter() - t0
+            acc.append(dt)
+            if target == kxrepo:
+                returned = time.time()
+                wait(lambda i=i: (stamp / str(i)).exists() and (stamp / str(i)).read_text(), 30)
+                first_step.append(float((stamp / str(i)).read_text()) - returned)
+    return {"plain": plain_t, "kovanex": kx_t, "first_step": first_step}
+
+
+def floor_rate(tmp: Path, n: int) -> float:
+    """Spawn `true` + three CAS'd commits with pygit2 per task, single-threaded."""
+    repo = pygit2.init_repository(str(tmp / "floor.git"), bare=True)
+    sig = pygit2.Signature("b", "b@b")
+    tree = repo.TreeBuilder().write()
+    base = repo.create_commit(None, sig, sig, "base", tree, [])
+    t0 = time.perf_counter()
+    for i in range(n):
+        ref = repo.references.create(f"refs/heads/task/f{i}", base)
+        parent = base
+        for state in ("placed", "running", "succeeded"):
+            if state == "running":
+                subprocess.run(["true"], check=True)
+            c = repo.create_commit(
+                None, sig, sig, f"{state}\n\nKovanex-State: {state}", tree, [parent]
+            )
+            ref.set_target(c)
+            parent = c
+    return n / (time.perf_counter() - t0)
+
+
+def bench_throughput(tmp: Path, data: Path, n: int) -> float:
+    kx(data, "repo", "create", "tput")
+    work = tmp / "tw"
+    sh("git", "init", "-q", str(work))
+    (work / ".kovanex").mkdir()
+    (work / ".kovanex" / "task.toml").write_text('[[steps]]\nname = "t"\nrun = "true"\n')
+    sh("git", "add", "-A", cwd=work)
+    sh("git", "commit", "-q", "-m", "t", cwd=work)
+    for i in range(n):
+        sh("git", "branch", "-q", f"task/t{i}", cwd=work)
+    repo = pygit2.Repository(str(data / "repos" / "tput.git"))
+    t0 = time.perf_counter()
+    sh(
+        "git",
+        "push",
+        "-q",
+        "--atomic",
+        str(data / "repos" / "tput.git"),
+        *[f"task/t{i}" for i in range(n)],
+        cwd=work,
+    )
+
+    def done() -> bool:
+        k = 0
+        for i in range(n):
+            c = repo.revparse_single(f"refs/heads/task/t{i}")
+            if "Kovanex-State: succeeded" in c.message:
+                k += 1
+        return k == n
+
+    wait(done, 600)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pushes", type=int, default=40)
+    ap.add_argument("--tasks", type=int, default=100)
+    ap.add_argument("--runners", type=int, default=4)
+    a = ap.parse_args()
+    os.environ.update(GIT_ENV)
+    tmp = Path(tempfile.mkdtemp(prefix="kx-bench-"))
+    os.environ["GIT_CONFIG_GLOBAL"] = str(tmp / "gitconfig")
+    (tmp / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    data = tmp / "n1"
+    proc = start_agent(data, "n1", a.runners)
+    try:
+        time.sleep(2.0)  # let the agent settle before sampling idle RSS (a measurement, not sync)
+        rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+        r = bench_push(tmp, data, a.pushes)
+        tput = bench_throughput(tmp, data, a.tasks)
+        floor = floor_rate(tmp, a.tasks)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    ms = lambda xs, p: f"{1000 * pct(xs, p):.1f}"  # noqa: E731
+    ratio50 = p50(r["kovanex"]) / p50(r["plain"])
+    ratio95 = pct(r["kovanex"], 95) / pct(r["plain"], 95)
+    print(
+        md_table(
+            ["figure", "kovanex", "anchor", "ratio", "goal"],
+            [
+                [
+                    "push p50 (ms)",
+                    ms(r["kovanex"], 50),
+                    ms(r["plain"], 50) + " plain bare",
+                    f"{ratio50:.2f}",
+                    "≤1.3",
+                ],
+                [
+                    "push p95 (ms)",
+                    ms(r["kovanex"], 95),
+                    ms(r["plain"], 95) + " plain bare",
+                    f"{ratio95:.2f}",
+                    "",
+                ],
+                ["push return → first step p50 (ms)", ms(r["first_step"], 50), "", "", "≤50"],
+                ["push return → first step p95 (ms)", ms(r["first_step"], 95), "", "", ""],
+                [
+                    f"trivial tasks/s ({a.tasks} tasks, {a.runners} runners)",
+                    f"{tput:.1f}",
+                    f"{floor:.1f} floor",
+                    f"{tput / floor:.2f}",
+                    "≥200/s",
+                ],
+                ["agent idle RSS (MB)", f"{rss:.1f}", "", "", "≤80"],
+            ],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""`make demo`: a local cluster story on loopback, in a temp dir, cleaned up after.
+
+It drives only the public surface (the `kovanex` CLI and plain git) so it doubles
+as a check that the README's quickstart works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Demo User",
+    "GIT_AUTHOR_EMAIL": "demo@kovanex.invalid",
+    "GIT_COMMITTER_NAME": "Demo User",
+    "GIT_COMMITTER_EMAIL": "demo@kovanex.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def run(cmd: list[str], cwd: Path | None = None, check: bool = True, quiet: bool = False) -> str:
+    shown = " ".join(cmd).replace(sys.executable + " -m kovanex", "kovanex")
+    if not quiet:
+        print(f"$ {shown}", flush=True)
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    out = (p.stdout + p.stderr).rstrip()
+    if out and not quiet:
+        print(out, flush=True)
+    if check and p.returncode != 0:
+        raise SystemExit(f"demo step failed: {shown}\n{out}")
+    return p.stdout
+
+
+def kx(*args: str, data: Path, quiet: bool = False, check: bool = True) -> str:
+    return run(
+        [sys.executable, "-m", "kovanex", *args, "--data", str(data)], quiet=quiet, check=check
+    )
+
+
+def wait_task(data: Path, task: str, timeout: float = 60) -> dict:
+    """Poll with progress until the task is terminal."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        d = json.loads(kx("task", "show", task, "--format", "json", data=data, quiet=True))
+        line = f"{d['state']:<10} " + "  ".join(f"{s['name']}:{s['state']}" for s in d["steps"])
+        if line != last:
+            print(f"   [{time.strftime('%H:%M:%S')}] {task}: {line}", flush=True)
+            last = line
+        if d["state"] in ("succeeded", "failed", "cancelled"):
+            return d
+        time.sleep(0.2)
+    raise SystemExit(f"task {task} did not finish in {timeout:.0f}s")
+
+
+def single_node(tmp: Path) -> None:
+    n1 = tmp / "n1"
+    say("1. a node on loopback")
+    kx("init", "--name", "n1", "--labels", "env=dev", "--bind", "127.0.0.1:0", data=n1)
+    kx("agent", "--detach", data=n1)
+    say("2. a repo with Kovanex hooks")
+    url = kx("repo", "create", "demo", data=n1).strip().splitlines()[-1]
+    clone = tmp / "demo"
+    run(["git", "clone", "-q", url, str(clone)])
+    say("3. a two-step task, pushed as a branch")
+    os.chdir(clone)
+    kx("task", "new", "build-42", "--template", "shell", data=n1)
+    run(["git", "commit", "-q", "-am", "build 42"], cwd=clone)
+    run(["git", "push", "-q", "origin", "task/build-42"], cwd=clone)
+    say("4. progress")
+    wait_task(n1, "build-42")
+    kx("task", "list", data=n1)
+    say("5. git log is the audit trail")
+    run(["git", "pull", "-q", "--ff-only", "origin", "task/build-42"], cwd=clone, quiet=True)
+    run(
+        [
+            "git",
+            "log",
+            "--format=%h %s%n%(trailers:key=Kovanex-State,key=Kovanex-Node,"
+            "key=Kovanex-Epoch,key=Kovanex-Step,key=Kovanex-Score,separator=%x20 )",
+            "task/build-42",
+        ],
+        cwd=clone,
+    )
+    say("6. a bad spec is refused at push time, with the field path")
+    spec = clone / ".kovanex" / "task.toml"
+    spec.write_text(spec.read_text().replace("timeout_s = 60", "timeout_s = -1", 1))
+    run(["git", "commit", "-q", "-am", "oops"], cwd=clone)
+    run(["git", "push", "origin", "task/build-42"], cwd=clone, check=False)
+    os.chdir(tmp)
+
+
+def main() -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="kovanex-demo-"))
+    os.environ.update(GIT_ENV)
+    os.environ["GIT_CONFIG_GLOBAL"] = str(tmp / "gitconfig")
+    (tmp / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    nodes: list[Path] = []
+    try:
+        nodes.append(tmp / "n1")
+        single_node(tmp)
+        try:
+            from kovanex import demo_cluster
+        except ImportError:
+            demo_cluster = None
+        if demo_cluster is not None:
+            demo_cluster.run(tmp, nodes)
+        say("done: everything above lives in git; cleaning up " + str(tmp))
+        return 0
+    finally:
+        for n in nodes:
+            pidf = n / "run" / "agent.pid"
+            if pidf.exists():
+                try:
+                    os.kill(int(pidf.read_text()), 15)
+                except (ProcessLookupError, ValueError):
+                    pass
+        deadline = time.monotonic() + 10
+        while (
+            any((n / "run" / "agent.pid").exists() for n in nodes) and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
