@@ -31,6 +31,8 @@ class SimNode:
     bytes_out: int = 0
     packets_out: int = 0
     max_packet: int = 0
+    stream_bytes_out: int = 0
+    encoder: Any = None
 
 
 class SimCluster:
@@ -58,6 +60,7 @@ class SimCluster:
         self.measure_bytes = measure_bytes
         self.record_events = record_events
         self.on_publish: list[Callable[[SimNode, Publish], None]] = []
+        self.on_send: list[Callable[[SimNode, tuple[str, int], Any], None]] = []
         self._port = 7000
         names = [f"n{i:05d}" for i in range(n)]
         for name in names:
@@ -132,6 +135,8 @@ class SimCluster:
         loop = self.loop
         for e in effects:
             if isinstance(e, Send):
+                for cb in self.on_send:
+                    cb(nd, e.addr, e.msg)
                 self._deliver(nd, e.addr, Received(nd.addr, e.msg), False, e.msg)
             elif isinstance(e, SetTimer):
                 loop.call_at(e.at, self._event, nd, nd.gen, "tick", None)
@@ -141,13 +146,24 @@ class SimCluster:
                 for cb in self.on_publish:
                     cb(nd, e)
 
+    def _encoder(self, nd: SimNode) -> Any:
+        if nd.encoder is None:
+            from kovanex.net.codec import Encoder
+            from kovanex.net.keyring import Keyring
+
+            nd.encoder = Encoder(nd.name, 1, Keyring([bytes(32)]), "kovanex")
+        return nd.encoder
+
     def _deliver(self, src: SimNode, addr: Any, ev: Any, reliable: bool, msgs: Any) -> None:
         dst = self.by_addr.get(addr)
-        if self.measure_bytes and msgs is not None:
-            size = PACKET_OVERHEAD + sum(encoded_size(m) for m in msgs)
-            src.bytes_out += size
-            src.packets_out += 1
-            src.max_packet = max(src.max_packet, size)
+        if self.measure_bytes:
+            if msgs is not None:
+                for pkt in self._encoder(src).encode(msgs):  # the real codec: exact sizes
+                    src.bytes_out += len(pkt)
+                    src.packets_out += 1
+                    src.max_packet = max(src.max_packet, len(pkt))
+            else:
+                src.stream_bytes_out += PACKET_OVERHEAD + encoded_size(ev.msg)
         if dst is None:
             return
         for d in self.net.fate(src.name, dst.name, reliable):
