@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -143,10 +144,22 @@ def test_overloaded_nodes_flap_healthy_members_only_without_lifeguard(seed: int)
     assert guarded * 50 <= plain, (guarded, plain)
 
 
+def _cpu_per_node_second(c: SimCluster, span: float) -> float:
+    t = time.process_time()
+    c.run_for(span)
+    return (time.process_time() - t) / len(c.nodes) / span
+
+
 @pytest.mark.parametrize("seed", seeds(1))
-def test_thousand_nodes_detect_a_crash(seed: int) -> None:
+def test_thousand_nodes_detect_a_crash_with_flat_cpu_per_node(seed: int) -> None:
+    """1,000 nodes in one process; memberlist #243: per-node CPU must not grow with n."""
+    small = SimCluster(100, LAN, seed)
+    small.run_until(2)
+    small_cost = _cpu_per_node_second(small, 8)
     c = SimCluster(1000, LAN, seed)
     c.run_until(2)
+    big_cost = _cpu_per_node_second(c, 8)
+    assert big_cost < 4 * small_cost, (big_cost, small_cost)  # O(n) work per event would be ~10x
     c.crash("n00500")
     assert c.run_for(40, lambda: not dead_everywhere(c, "n00500"))
 

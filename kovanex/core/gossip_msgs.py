@@ -16,6 +16,10 @@ import msgpack
 Addr = tuple[str, int]
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+# App-data topics the rest of Kovanex uses (any string works; these are the agreed ones).
+TOPIC_HEALTH = "health"  # key = node name, value = {"vector": [...], "score": float}
+TOPIC_REPOS = "repos"  # key = node name, value = repo inventory
+TOPIC_REFS = "refs"  # key = "repo:ref", value = [repo, ref, oid, epoch]
 STATUSES = (ALIVE, SUSPECT, DEAD, LEFT)
 
 

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kovanex.core.effects import Publish, Send, SendStream, SetTimer
@@ -24,7 +25,22 @@ from kovanex.net.codec import Decoder, Encoder, Stats
 from kovanex.net.keyring import Keyring
 from kovanex.net.transport import Addr, Transport, UdpTcpTransport
 
-MemberInfo = MemberState  # (name, addr, incarnation, status, meta)
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """What callers see of a member; `meta` is its role/labels/capabilities/slots dict."""
+
+    name: str
+    addr: Addr
+    status: str  # alive | suspect | dead | left
+    incarnation: int
+    meta: dict[str, Any]
+
+    @classmethod
+    def of(cls, s: MemberState) -> MemberInfo:
+        return cls(s.name, s.addr, s.status, s.incarnation, s.meta)
+
+
 Callback = Callable[[str, Any], None]
 MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
 
@@ -125,7 +141,7 @@ class GossipNode:
 
     # -------------------------------------------------------------- queries
     def members(self) -> list[MemberInfo]:
-        return self.core.member_list()
+        return [MemberInfo.of(s) for s in self.core.member_list()]
 
     def stats(self) -> dict[str, Any]:
         out = self._stats.as_dict()
@@ -218,9 +234,10 @@ class GossipNode:
             elif isinstance(e, Publish):
                 if e.topic == "member-failed":
                     self.failed_events += 1
+                payload = MemberInfo.of(e.payload) if e.topic in MEMBER_EVENTS else e.payload
                 for cb in [*self._subs.get(e.topic, ()), *self._subs.get("*", ())]:
                     try:
-                        cb(e.topic, e.payload)
+                        cb(e.topic, payload)
                     except Exception:  # noqa: BLE001 - a subscriber must not kill gossip
                         self._stats.dropped["callback_error"] += 1
         self._notify()
