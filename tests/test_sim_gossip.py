@@ -131,7 +131,7 @@ def _false_deaths(seed: int, lifeguard: bool) -> int:
     slow = sorted(c.nodes)[:4]
     for name in slow:
         c.nodes[name].slow = 8.0  # an overloaded node: every message waits 8 s in its backlog
-    c.run_until(90)
+    c.run_until(60)
     return len([e for e in fd.events if e[2] not in slow])
 
 
@@ -155,10 +155,10 @@ def test_thousand_nodes_detect_a_crash_with_flat_cpu_per_node(seed: int) -> None
     """1,000 nodes in one process; memberlist #243: per-node CPU must not grow with n."""
     small = SimCluster(100, LAN, seed)
     small.run_until(2)
-    small_cost = _cpu_per_node_second(small, 8)
+    small_cost = _cpu_per_node_second(small, 5)
     c = SimCluster(1000, LAN, seed)
     c.run_until(2)
-    big_cost = _cpu_per_node_second(c, 8)
+    big_cost = _cpu_per_node_second(c, 5)
     assert big_cost < 4 * small_cost, (big_cost, small_cost)  # O(n) work per event would be ~10x
     c.crash("n00500")
     assert c.run_for(40, lambda: not dead_everywhere(c, "n00500"))
