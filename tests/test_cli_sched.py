@@ -1,0 +1,230 @@
+"""`kovanex health`, `kovanex graph`, `kovanex module`: against a real agent process, against
+a real control server answering from a real HealthService, and with no agent at all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kovanex import config as cfgmod
+from kovanex import modules as modmod
+from kovanex.agent.control import ControlError, ControlServer
+from kovanex.agent.healthsvc import HealthService
+from kovanex.core.health import METRICS
+from tests.agentkit import Node, kx, wait_for
+
+REGISTER = ("module", "register", "--name", "security-scan", "--version", "1.2.0",
+            "--endpoint", "localhost:9100", "--provides", "sast,dependency-audit")  # fmt: skip
+
+
+def _json(p) -> Any:
+    return json.loads(p.stdout)
+
+
+def _caps(node_data: Path, name: str) -> set[str]:
+    members = _json(kx("graph", "--format", "json", data=node_data))
+    (v,) = [v for v in members["vertices"] if v["name"] == name]
+    return set(v["capabilities"])
+
+
+# -- the real agent --------------------------------------------------------------------
+def test_health_graph_and_modules_against_the_real_agent(tmp_path: Path) -> None:
+    node = Node(tmp_path, "n1", "--labels", "env=dev").start()
+    try:
+        h = _json(node.kx("health", "--format", "json"))
+        assert h["source"] == "agent" and h["node"] == "n1"
+        me = h["nodes"]["n1"]
+        assert 0.0 < me["score"] <= 1.0
+        assert {"cpu_pct", "mem_pct", "db_lat_ms", "queue_depth"} <= set(me["matrix"])
+        assert set(me["vector"]) <= set(METRICS) and me["vector"]["queue_depth"] == 0
+        assert {k: row[-1] for k, row in me["matrix"].items()} == me["vector"]  # newest column
+
+        text = node.kx("health").stdout
+        assert text.startswith("node n1") and "cpu_pct" in text and "t0" in text
+        assert "# Convolution → health_score = " in text
+        assert node.kx("health", "n1").stdout.startswith("node n1")
+        bad = node.kx("health", "nope", check=False)
+        assert bad.returncode == 1 and "known nodes: n1" in bad.stderr
+
+        g = _json(node.kx("graph", "--format", "json"))
+        (v,) = g["vertices"]
+        assert v["name"] == "n1" and v["labels"] == {"env": "dev"} and 0 < v["health"] <= 1
+        assert "digraph cluster" in node.kx("graph", "--format", "dot").stdout
+        assert "[n1: " in node.kx("graph").stdout
+
+        # A registered module's capabilities reach the cluster view without a restart.
+        p = node.kx(*REGISTER)
+        assert "agent reloaded kovanex.toml" in p.stdout, p.stdout + p.stderr
+        wait_for(lambda: {"sast", "dependency-audit"} <= _caps(node.data, "n1"), 20, "caps")
+        node.kx("module", "remove", "security-scan")
+        wait_for(lambda: "sast" not in _caps(node.data, "n1"), 20, "caps removed")
+    finally:
+        node.stop()
+
+
+# -- a real control server in a thread -------------------------------------------------
+class FakeCluster:
+    """A real ControlServer on the node's socket whose ops come from a real HealthService
+    and the node's real kovanex.toml: the CLI's side of the contract, agent-independent."""
+
+    def __init__(self, layout: cfgmod.Layout) -> None:
+        self.layout = layout
+        self.cfg = cfgmod.load(layout)
+        self.reloads = 0
+        self.health = HealthService(layout.root, lambda: 2, lambda: 1, lambda: 3, interval_s=0.01)
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = ControlServer(self.layout.control_socket, self.handle)
+        self.stop = asyncio.Event()
+        self.loop.run_until_complete(self.server.start())
+        self.sampler = self.loop.create_task(self.health.run(self.stop))
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.server.close())
+        self.loop.run_until_complete(self.sampler)
+        self.loop.close()
+
+    def start(self) -> FakeCluster:
+        self.thread.start()
+        assert self.ready.wait(10)
+        wait_for(lambda: len(self.health) >= 2, 10, "two health samples")
+        return self
+
+    def close(self) -> None:
+        def halt() -> None:
+            self.stop.set()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(halt)
+        self.thread.join(10)
+
+    async def handle(self, op: str, args: dict[str, Any]) -> Any:
+        if op == "health":
+            return {
+                "node": self.cfg.name,
+                "nodes": {
+                    self.cfg.name: self.health.report(),
+                    "n2": {"score": 0.42, "vector": {"cpu_pct": 97.5, "queue_depth": 12.0}},
+                    "n3": {"score": None, "vector": {}, "matrix": {}},
+                },
+            }
+        if op == "members":
+            return [
+                {
+                    "name": self.cfg.name,
+                    "addr": self.cfg.gossip_bind,
+                    "status": "alive",
+                    "incarnation": 1,
+                    "role": self.cfg.role.upper(),
+                    "labels": self.cfg.labels,
+                    "capabilities": sorted(modmod.capabilities(self.cfg)),
+                    "runners_total": 2,
+                    "runners_used": 1,
+                    "health": self.health.score(),
+                    "repos_owned": ["app"],
+                    "repos_replica": [],
+                    "http": "127.0.0.1:1",
+                },
+                {
+                    "name": "n2",
+                    "status": "alive",
+                    "role": "FULL",
+                    "labels": {"env": "prod"},
+                    "capabilities": [],
+                    "health": 0.42,
+                    "repos_owned": [],
+                    "repos_replica": ["app"],
+                },
+            ]
+        if op == "reload":
+            self.cfg = cfgmod.load(self.layout)
+            self.reloads += 1
+            return {"reloaded": True}
+        raise ControlError(f"unknown operation {op!r}")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, FakeCluster]]:
+    data = tmp_path / "n1"
+    kx("init", "--name", "n1", "--bind", "127.0.0.1:0", "--labels", "env=dev", data=data)
+    srv = FakeCluster(cfgmod.Layout(data)).start()
+    try:
+        yield data, srv
+    finally:
+        srv.close()
+
+
+def test_health_renders_the_matrix_and_remote_vectors(served: tuple[Path, FakeCluster]) -> None:
+    data, srv = served
+    h = _json(kx("health", "--format", "json", data=data))
+    assert h["source"] == "agent" and sorted(h["nodes"]) == ["n1", "n2", "n3"]
+    mine = h["nodes"]["n1"]
+    assert len(mine["matrix"]["queue_depth"]) >= 2
+    assert set(mine["matrix"]["queue_depth"]) == {3} and mine["vector"]["runner_free"] == 1
+
+    text = kx("health", data=data).stdout
+    blocks = text.split("\n\n")
+    assert [b.splitlines()[0].split()[1] for b in blocks] == ["n1", "n2", "n3"]  # self first
+    n1 = blocks[0].splitlines()
+    ncol = len(mine["matrix"]["cpu_pct"])
+    assert n1[1].split() == [f"t{i}" for i in range(ncol)]
+    q = next(line for line in n1 if line.startswith("queue_depth"))
+    assert q.split("[", 1)[1].replace(" ", "").rstrip("]").split(",")[:2] == ["3", "3"]
+    assert n1[-1].startswith("# Convolution → health_score = ")
+    assert "(latest vector only" in blocks[1] and "97.5" in blocks[1]
+    assert "health_score = 0.42 (degraded)" in blocks[1]
+    assert "health_score = ? (unknown" in blocks[2] and "no metrics known" in blocks[2]
+
+    only = kx("health", "n2", "--format", "json", data=data)
+    assert list(_json(only)["nodes"]) == ["n2"]
+    bad = kx("health", "n9", data=data, check=False)
+    assert bad.returncode == 1 and "unknown node 'n9'; known nodes: n1, n2, n3" in bad.stderr
+
+
+def test_graph_renders_members(served: tuple[Path, FakeCluster]) -> None:
+    data, _ = served
+    g = _json(kx("graph", "--format", "json", data=data))
+    assert [v["name"] for v in g["vertices"]] == ["n1", "n2"]
+    kinds = sorted((e["kind"], e["src"], e["dst"]) for e in g["edges"])
+    assert kinds == [("env", "n1", "n2"), ("replication", "n1", "n2")]
+    dot = kx("graph", "--format", "dot", data=data).stdout
+    assert dot.startswith("digraph cluster") and '"n1" -> "n2" [label="promote"' in dot
+    text = kx("graph", data=data).stdout
+    assert "[n2: 0.42]" in text and "environments: dev -> prod" in text
+
+
+def test_module_commands_reload_a_running_agent(served: tuple[Path, FakeCluster]) -> None:
+    data, srv = served
+    assert "agent reloaded kovanex.toml" in kx(*REGISTER, data=data).stdout
+    assert srv.reloads == 1 and _caps(data, "n1") == {"sast", "dependency-audit"}
+    kx("module", "remove", "security-scan", data=data)
+    assert srv.reloads == 2 and _caps(data, "n1") == set()
+
+
+# -- no agent --------------------------------------------------------------------------
+def test_without_an_agent_health_samples_locally_and_graph_says_why(tmp_path: Path) -> None:
+    data = tmp_path / "n1"
+    kx("init", "--name", "n1", "--bind", "127.0.0.1:0", data=data)
+    p = kx("health", "--format", "json", data=data)
+    assert "agent is not running; sampled this node locally once" in p.stderr
+    h = _json(p)
+    assert h["source"] == "local" and list(h["nodes"]) == ["n1"]
+    me = h["nodes"]["n1"]
+    assert 0.0 < me["score"] <= 1.0
+    assert all(len(row) == 1 for row in me["matrix"].values())
+    assert {"cpu_pct", "mem_pct", "db_lat_ms"} <= set(me["vector"])
+    assert "queue_depth" not in me["vector"]  # unknown without the agent, not guessed as 0
+    assert "# Convolution → health_score = " in kx("health", data=data).stdout
+
+    g = kx("graph", data=data, check=False)
+    assert g.returncode == 1 and "the agent is not running" in g.stderr
