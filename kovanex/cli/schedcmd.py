@@ -12,10 +12,12 @@ from typing import Any
 from kovanex import config as cfgmod
 from kovanex import modules as modmod
 from kovanex.agent import control
-from kovanex.agent.healthsvc import HealthService, status_word
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core.graph import ClusterGraph
-from kovanex.core.health import METRICS
+
+# numpy/psutil (via kovanex.agent.healthsvc) are imported inside the health commands:
+# main builds every subcommand's parser on each run, so a top-level import here would
+# slow down every `kovanex` invocation by ~0.2 s.
 
 # psutil's cpu % is "since the previous call": a one-shot local sample needs a window.
 CPU_WINDOW_S = 0.2
@@ -56,6 +58,8 @@ def agent_down(e: control.ControlError) -> bool:
 def local_health(layout: cfgmod.Layout) -> dict[str, Any]:
     """One local sample, the way the agent would take it; queue and runner rows are
     unknown without the agent, so they drop out instead of being guessed."""
+    from kovanex.agent.healthsvc import HealthService
+
     cfg = cfgmod.load(layout)
     total = cfg.runner_slots if cfg.role in ("full", "runner") else 0
     svc = HealthService(
@@ -82,6 +86,9 @@ def _cells(row: Sequence[float | None]) -> list[str]:
 
 def render_matrix(name: str, entry: Mapping[str, Any]) -> str:
     """The seed's picture: metric rows x t0..tN columns, then the convolution line."""
+    from kovanex.agent.healthsvc import status_word
+    from kovanex.core.health import METRICS
+
     raw = entry.get("score")
     matrix: Mapping[str, Sequence[float | None]] = entry.get("matrix") or {}
     note = ""
