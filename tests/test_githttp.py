@@ -273,12 +273,37 @@ def test_close_stops_listening(repos: Path) -> None:
 def test_gzip_request_body_v0_mirror_clone(tmp_path: Path, repos: Path, srv: ServerThread) -> None:
     """Protocol v0 gzips an upload-pack request over 1 KiB (here: 40 wants)."""
     bare = make_bare(repos, "many")
-    work = make_work(tmp_path, "w")
-    for i in range(40):
-        git("commit", "-q", "--allow-empty", "-m", f"c{i}", cwd=work)
-        git("branch", f"b{i}", cwd=work)
-    git("push", "-q", str(bare), "--all", cwd=work)
+    stream = "".join(
+        f"commit refs/heads/b{i}\ncommitter K <k@kovanex.invalid> {1000 + i} +0000\n"
+        f"data 3\nc{i:02d}\n\n"
+        for i in range(40)
+    )
+    subprocess.run(
+        ["git", "--git-dir", str(bare), "fast-import", "--quiet"],
+        input=stream.encode(), check=True,
+    )  # fmt: skip
     dst = tmp_path / "m.git"
     git("-c", "protocol.version=0", "clone", "-q", "--mirror", srv.authed("many"), str(dst))
     theirs = git("--git-dir", str(bare), "for-each-ref").stdout
     assert git("--git-dir", str(dst), "for-each-ref").stdout == theirs
+
+
+def test_kovanex_hooks_run_under_http_backend(tmp_path: Path) -> None:
+    """A repo made by `kovanex repo create` (real relay hook, agent down -> slow path)
+    rejects a task branch without a spec over HTTP, with its message, and moves nothing."""
+    from kovanex import config as cfgmod
+    from kovanex.cli.repocmd import create_repo
+
+    layout = cfgmod.Layout(tmp_path / "node")
+    bare = create_repo(layout, "demo")
+    s = ServerThread(layout.repos)
+    try:
+        work = make_work(tmp_path, "w")
+        r = git("push", s.authed("demo"), "main:refs/heads/task/t1", cwd=work, check=False)
+        assert r.returncode != 0
+        assert "remote: kovanex: task/t1: no .kovanex/task.toml in the pushed commit" in r.stderr
+        assert rev(bare, "refs/heads/task/t1") is None
+        git("push", "-q", s.authed("demo"), "main", cwd=work)  # a plain branch is fine
+        assert rev(bare, "main") == rev(work / ".git", "HEAD")
+    finally:
+        s.close()

@@ -79,6 +79,7 @@ class GitHttpServer:
         api: Api | None = None,
         api_public: bool = False,
         git: str = "git",
+        max_backends: int = 32,
     ) -> None:
         if not token:
             raise ValueError("an empty cluster token would let anyone read and push")
@@ -88,6 +89,8 @@ class GitHttpServer:
         self.api = api
         self.api_public = api_public
         self.git = git
+        # each request is one http-backend process: bound them so a burst queues, not forks
+        self._backends = asyncio.Semaphore(max_backends)
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self._procs: set[asyncio.subprocess.Process] = set()
@@ -164,7 +167,10 @@ class GitHttpServer:
         if req.method not in ("GET", "HEAD", "POST"):
             raise HttpError(405)
         peer = writer.get_extra_info("peername")
-        await self._cgi(req, f"/{name}.git{rest}", user, peer[0] if peer else "", reader, writer)
+        async with self._backends:
+            await self._cgi(
+                req, f"/{name}.git{rest}", user, peer[0] if peer else "", reader, writer
+            )
 
     def _auth(self, req: Request) -> str | None:
         """The user name if the request carries the cluster token (Basic password or Bearer)."""
@@ -262,6 +268,7 @@ class GitHttpServer:
         )
         self._procs.add(proc)
         assert proc.stdin and proc.stdout and proc.stderr
+        clean = False
         feed = asyncio.create_task(self._feed(req, reader, writer, proc.stdin))
         errs = asyncio.create_task(_drain_log(proc.stderr))
         try:
@@ -278,11 +285,16 @@ class GitHttpServer:
                 await feed
             except HttpError as e:  # the head is out already: all we can do is log and close
                 log.warning("githttp: bad request body: %s", e)
+            clean = True
         finally:
             if not feed.done():
                 feed.cancel()
             if proc.returncode is None:
+                # On a client hang-up nobody reads http-backend's output: end it now. After a
+                # clean response it is exiting anyway; the timeout only guards a wedged child.
                 try:
+                    if not clean:
+                        proc.kill()
                     await asyncio.wait_for(proc.wait(), 5.0)
                 except TimeoutError:
                     proc.kill()
