@@ -227,3 +227,46 @@ def test_token_goes_in_env_not_argv(pair: Pair, monkeypatch: pytest.MonkeyPatch)
     assert (
         env[f"GIT_CONFIG_VALUE_{int(env['GIT_CONFIG_COUNT']) - 1}"] == "Authorization: Bearer tok"
     )
+
+
+def test_announce_fetch_lag_takeover_flow(pair: Pair) -> None:
+    """The pieces together: ownership in meta, announcement -> fetch, lag, takeover."""
+    from kovanex.core.replication import (
+        META_REF,
+        Ownership,
+        RefAnnouncement,
+        lag,
+        on_announcement,
+        successor,
+        takeover,
+    )
+    from kovanex.gitstate import Pygit2Store
+    from kovanex.gitstate.ownership import read_ownership, write_ownership
+
+    own = Ownership("a", 1, ("b",), "async", 1)
+    write_ownership(Pygit2Store(str(pair.owner)), own, None)
+    tip = rev(pair.owner, TASK) or ""
+    ann = RefAnnouncement("demo", TASK, tip, 1, "a", 1)
+    (f,) = on_announcement(local_refs(pair.replica, "refs/"), ann, None)
+    assert f.refs == (TASK, META_REF)
+    fetch(pair.replica, pair.url, list(f.refs), token=TOKEN)
+    replica = Pygit2Store(str(pair.replica))
+    assert read_ownership(replica) == own
+    assert on_announcement(local_refs(pair.replica, "refs/"), ann, own) == []
+
+    new = pair.commit_on_owner(TASK, "step 2 done")
+    owner_tips = local_refs(pair.owner, "refs/heads/task/")
+    mine = local_refs(pair.replica, "refs/heads/")
+    assert lag(mine, owner_tips, {TASK: 100.0}, now=130.0).seconds_behind == 30.0
+    fetch(pair.replica, pair.url, [TASK], token=TOKEN)
+    assert lag(local_refs(pair.replica), owner_tips, {TASK: 100.0}, now=130.0).refs_behind == 0
+
+    # the owner dies; b is the only live replica and takes over at epoch 2
+    assert successor(own, {"b"}, {"b": local_refs(pair.replica)}, owner_tips) == "b"
+    t = takeover(own, "b")
+    write_ownership(replica, t.new, own)
+    assert read_ownership(replica) == Ownership("b", 2, (), "async", 1)
+    assert rev(pair.replica, TASK) == new  # the task resumes from the replicated step
+    stale = RefAnnouncement("demo", TASK, "f" * 40, 9, "a", 1)
+    assert on_announcement(local_refs(pair.replica, "refs/"), stale, t.new) == []
+    pair.fsck()
