@@ -27,6 +27,11 @@ def _json(p) -> Any:
     return json.loads(p.stdout)
 
 
+def _init(data: Path, **labels: str) -> None:
+    """What `kovanex init` writes, without paying a CLI start-up for it."""
+    cfgmod.save(cfgmod.Layout(data), cfgmod.NodeConfig(name="n1", labels=labels))
+
+
 def _caps(node_data: Path, name: str) -> set[str]:
     members = _json(kx("graph", "--format", "json", data=node_data))
     (v,) = [v for v in members["vertices"] if v["name"] == name]
@@ -49,15 +54,11 @@ def test_health_graph_and_modules_against_the_real_agent(tmp_path: Path) -> None
         text = node.kx("health").stdout
         assert text.startswith("node n1") and "cpu_pct" in text and "t0" in text
         assert "# Convolution → health_score = " in text
-        assert node.kx("health", "n1").stdout.startswith("node n1")
-        bad = node.kx("health", "nope", check=False)
-        assert bad.returncode == 1 and "known nodes: n1" in bad.stderr
 
+        # (node selection and the text/dot renderers are covered against the server below)
         g = _json(node.kx("graph", "--format", "json"))
         (v,) = g["vertices"]
         assert v["name"] == "n1" and v["labels"] == {"env": "dev"} and 0 < v["health"] <= 1
-        assert "digraph cluster" in node.kx("graph", "--format", "dot").stdout
-        assert "[n1: " in node.kx("graph").stdout
 
         # A registered module's capabilities reach the cluster view without a restart.
         p = node.kx(*REGISTER)
@@ -157,7 +158,7 @@ class FakeCluster:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Path, FakeCluster]]:
     data = tmp_path / "n1"
-    kx("init", "--name", "n1", "--bind", "127.0.0.1:0", "--labels", "env=dev", data=data)
+    _init(data, env="dev")
     srv = FakeCluster(cfgmod.Layout(data)).start()
     try:
         yield data, srv
@@ -215,7 +216,7 @@ def test_module_commands_reload_a_running_agent(served: tuple[Path, FakeCluster]
 # -- no agent --------------------------------------------------------------------------
 def test_without_an_agent_health_samples_locally_and_graph_says_why(tmp_path: Path) -> None:
     data = tmp_path / "n1"
-    kx("init", "--name", "n1", "--bind", "127.0.0.1:0", data=data)
+    _init(data)
     p = kx("health", "--format", "json", data=data)
     assert "agent is not running; sampled this node locally once" in p.stderr
     h = _json(p)
