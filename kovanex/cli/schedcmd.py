@@ -138,6 +138,9 @@ def cmd_health(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     if args.format == "json":
         emit_json({"node": me, "source": source, "nodes": nodes})
         return 0
+    if not nodes:
+        print(f"the agent on {me or 'this node'} reports no health yet; try again in a moment")
+        return 0
     order = sorted(nodes, key=lambda n: (n != me, n))
     print("\n\n".join(render_matrix(n, nodes[n]) for n in order))
     return 0
