@@ -307,3 +307,20 @@ def test_kovanex_hooks_run_under_http_backend(tmp_path: Path) -> None:
         assert rev(bare, "main") == rev(work / ".git", "HEAD")
     finally:
         s.close()
+
+
+def test_git_protocol_header_selects_v2(repos: Path, srv: ServerThread, tmp_path: Path) -> None:
+    make_bare(repos, "demo")
+    bodies = {}
+    for proto in (None, "version=2"):
+        conn = http.client.HTTPConnection("127.0.0.1", srv.server.port, timeout=10)
+        hdrs = {"Authorization": f"Bearer {TOKEN}"}
+        if proto:
+            hdrs["Git-Protocol"] = proto
+        conn.request("GET", "/git/demo.git/info/refs?service=git-upload-pack", headers=hdrs)
+        resp = conn.getresponse()
+        bodies[proto] = resp.read()
+        conn.close()
+        assert resp.status == 200
+    assert b"version 2" in bodies["version=2"]
+    assert b"version 2" not in bodies[None]

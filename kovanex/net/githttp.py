@@ -47,7 +47,14 @@ REASONS = {
     501: "Not Implemented",
 }
 # Never let the caller's environment point http-backend at some other repository.
-_DROP_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE")
+_DROP_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_NAMESPACE",
+    "GIT_PROTOCOL",  # only the client's Git-Protocol header may choose the protocol
+)
 
 
 class HttpError(Exception):
@@ -244,7 +251,7 @@ class GitHttpServer:
         # A chunked body has no length: http-backend then reads its stdin up to EOF.
         if "content-length" in req.headers and not _chunked(req):
             env["CONTENT_LENGTH"] = req.headers["content-length"]
-        if "git-protocol" in req.headers:
+        if "git-protocol" in req.headers:  # http-backend also maps HTTP_GIT_PROTOCOL itself
             env["GIT_PROTOCOL"] = req.headers["git-protocol"]
         return env
 
