@@ -396,6 +396,12 @@ class Membership:
         if m is not None and m.status == ALIVE:
             self._on_suspect(now, Suspect(m.name, m.incarnation, self.name), fx)
 
+    def _nack_after(self) -> float:
+        """A helper's nack must reach the prober before its probe period ends, or Lifeguard
+        would blame the prober's own health for a target that is really gone."""
+        p = self.p
+        return min(p.probe_timeout, 0.8 * (p.probe_interval - p.probe_timeout))
+
     def _t_relay_timeout(self, now: float, seq: int, fx: list[Effect]) -> None:
         r = self._relays.pop(seq, None)
         if r is not None and r.nack:
@@ -474,11 +480,13 @@ class Membership:
             seq = self._next_seq()
             self._relays[seq] = _Relay(msg.source_addr, msg.seq, msg.nack)
             fx.append(self._send(msg.target_addr, [Ping(seq, msg.target, self.name, self.addr)]))
-            self._at(now + self.p.probe_timeout, "relay_timeout", seq)
+            self._at(now + self._nack_after(), "relay_timeout", seq)
         elif isinstance(msg, Nack):
             pr = self._probe
             if pr is not None and pr.seq == msg.seq:
                 pr.nacks += 1
+                if pr.nacks >= pr.expected_nacks and not pr.acked:
+                    self._finish_probe(now, fx)  # every helper failed too: decide now
         elif isinstance(msg, PushPull):
             self._on_pushpull(now, addr, msg, fx)
 

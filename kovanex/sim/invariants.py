@@ -21,7 +21,8 @@ def converged(c: SimCluster) -> list[str]:
         if seen != truth:
             missing = sorted(set(truth) - set(seen))[:5]
             extra = sorted(set(seen) - set(truth))[:5]
-            bad.append(f"{n.name}: missing {missing} extra {extra}")
+            stale = sorted(k for k in truth if k in seen and seen[k] != truth[k])[:5]
+            bad.append(f"{n.name}: missing {missing} extra {extra} stale incarnation {stale}")
     return bad
 
 
