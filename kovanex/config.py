@@ -85,6 +85,7 @@ class NodeConfig:
     runner_slots: int = 2
     gossip_bind: str = "127.0.0.1:7946"
     gossip_profile: str = "lan"
+    gossip_label: str = ""
     gossip_overrides: dict[str, Any] = field(default_factory=dict)
     join: list[str] = field(default_factory=list)
     http_bind: str = "127.0.0.1:0"
@@ -105,6 +106,7 @@ class NodeConfig:
             "[gossip]",
             f"bind = {_q(self.gossip_bind)}",
             f"profile = {_q(self.gossip_profile)}",
+            f"label = {_q(self.gossip_label)}",
             f"join = {_list(self.join)}",
         ]
         if self.gossip_overrides:
@@ -138,6 +140,7 @@ class NodeConfig:
             runner_slots=int(node.get("runner_slots", 2)),
             gossip_bind=str(gossip.get("bind", "127.0.0.1:7946")),
             gossip_profile=str(gossip.get("profile", "lan")),
+            gossip_label=str(gossip.get("label", "")),
             gossip_overrides=dict(gossip.get("overrides", {})),
             join=[str(j) for j in gossip.get("join", [])],
             http_bind=str(doc.get("http", {}).get("bind", "127.0.0.1:0")),

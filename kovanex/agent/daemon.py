@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from kovanex import config as cfgmod
+from kovanex import modules
 from kovanex import spec as specmod
+from kovanex.agent.cluster import Cluster
 from kovanex.agent.control import ControlError, ControlServer
 from kovanex.agent.executor import Lease, TaskRun, kill_orphan
+from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.watcher import RefWatcher
@@ -38,6 +41,7 @@ from kovanex.pushcheck import (
     record_push,
 )
 from kovanex.runner import RunnerSlots
+from kovanex.runner.limits import reap_stale
 
 log = logging.getLogger("kovanex.agent")
 SWEEP_S = 5.0
@@ -63,8 +67,11 @@ class Agent:
         self.started = time.time()
         self.extra_ops: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self._dirty: set[str] = set()
+        self.leaving = False
         self._kick: asyncio.Event | None = None
-        self.health = None
+        self.health: Any = None
+        self.cluster: Cluster | None = None
+        self.remote_exec = False  # set once cross-node execution (fetch/push) is wired
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
@@ -88,9 +95,21 @@ class Agent:
     def health_score(self) -> float:
         return 1.0 if self.health is None else self.health.score()
 
+    def capabilities(self) -> set[str]:
+        return modules.capabilities(self.cfg)
+
+    def http_url(self) -> str:
+        return ""
+
     def remote_nodes(self) -> list:
-        """Other members' NodeInfo, from gossip (empty on a single node)."""
-        return []
+        """Other members' NodeInfo from gossip; only once they can run our repos' tasks."""
+        if self.cluster is None or not self.remote_exec:
+            return []
+        return self.cluster.node_infos()
+
+    def on_member_event(self, topic: str, member: Any) -> None:
+        """Membership changed: capacity elsewhere may have appeared, or a holder died."""
+        self._on_ref_change("")
 
     def saw_tip(self, repo: str, task_id: str, tip: str) -> None:
         self.tips[(repo, task_id)] = tip
@@ -109,10 +128,25 @@ class Agent:
         self.hooks = HookServer(self.layout.hook_endpoint, self._on_hook)
         self.control = ControlServer(self.layout.control_socket, self._on_control)
         await self.control.start()
+        modules.load_modules(self.cfg.modules)  # a bad [[modules]] fails here, clearly
+        await reap_stale()  # step cgroups left by a previous agent that was killed
+        self.health = HealthService(
+            self.layout.root,
+            runner_total_fn=lambda: self.slots.total,
+            runner_free_fn=lambda: self.slots.free,
+            queue_depth_fn=lambda: len(self.pending),
+        )
+        self.cluster = Cluster(self)
+        await self.cluster.start()
         await self.reconcile_all()
         await self.hooks.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
-        workers = [asyncio.create_task(self._sweeper()), asyncio.create_task(self._dispatcher())]
+        workers = [
+            asyncio.create_task(self._sweeper()),
+            asyncio.create_task(self._dispatcher()),
+            asyncio.create_task(self._gossip_refresher()),
+            asyncio.create_task(self.health.run(self.stop_event)),
+        ]
         log.info("agent %s ready (hook port %d)", self.node, self.hooks.port)
         if on_ready:
             on_ready()
@@ -130,6 +164,7 @@ class Agent:
                 timeout=10,
             )
         self.watcher.stop()
+        await self.cluster.stop(graceful=self.leaving)
         await self.control.close()
         self.layout.pid_file.unlink(missing_ok=True)
 
@@ -149,6 +184,20 @@ class Agent:
             except Exception:
                 log.exception("sweep failed")
 
+    async def _gossip_refresher(self) -> None:
+        """Keep meta (slots, health) and the repo inventory current on gossip."""
+        assert self.cluster is not None
+        last_repos: list[str] | None = None
+        while True:
+            self.cluster.refresh()
+            repos = self.repos()
+            if repos != last_repos:
+                self.cluster.publish_repos(repos, [])
+                last_repos = repos
+            if self.health is not None:
+                self.cluster.publish_health(self.health.vector(), self.health.score())
+            await asyncio.sleep(1.0)
+
     async def _dispatcher(self) -> None:
         """Coalesce ref-change notifications and slot releases into reconciles."""
         assert self._kick is not None
@@ -157,7 +206,8 @@ class Agent:
             self._kick.clear()
             dirty, self._dirty = self._dirty, set()
             for repo in sorted(dirty):
-                await self.reconcile_repo(repo)
+                if repo:
+                    await self.reconcile_repo(repo)
             await self.schedule_pending()
 
     def _on_ref_change(self, repo: str) -> None:
@@ -365,6 +415,10 @@ class Agent:
         if op == "reconcile":
             await self.reconcile_all()
             return True
+        if self.cluster is not None:
+            res = await self._cluster_op(op, args)
+            if res is not NotImplemented:
+                return res
         fn = self.extra_ops.get(op)
         if fn is None:
             raise ControlError(f"unknown operation {op!r}")
@@ -372,6 +426,58 @@ class Agent:
         if asyncio.iscoroutine(res):
             res = await res
         return res
+
+    async def _cluster_op(self, op: str, args: dict[str, Any]) -> Any:
+        c = self.cluster
+        assert c is not None
+        if op == "members":
+            return c.members()
+        if op == "join":
+            addrs = [cfgmod.parse_addr(a) for a in args.get("addrs", [])]
+            n = await c.node.join(addrs, timeout=float(args.get("timeout", 5.0)))
+            if n == 0:
+                raise ControlError(
+                    f"could not reach any of {', '.join(args.get('addrs', []))}; "
+                    "check the address and that the peer's agent is running"
+                )
+            return {"joined": n}
+        if op == "leave":
+            self.leaving = True
+            self.stop_event.set()
+            return {"leaving": True}
+        if op == "force-leave":
+            name = args["name"]
+            if name not in {m.name for m in c.node.members()}:
+                raise ControlError(f"no member named {name!r}; see `kovanex members`")
+            c.node.force_leave(name)
+            return {"force_left": name}
+        if op == "keys":
+            try:
+                return c.keys_op(args)
+            except ValueError as e:
+                raise ControlError(str(e)) from e
+        if op == "events":
+            return {"events": c.since(int(args.get("since", 0))), "seq": c.seq}
+        if op == "health":
+            nodes: dict[str, Any] = {}
+            for name, h in c.node.items("health").items():
+                nodes[name] = {"score": h.get("score"), "vector": h.get("vector", {}), "matrix": {}}
+            if self.health is not None:
+                nodes[self.node] = {
+                    "score": self.health.score(),
+                    "vector": self.health.vector(),
+                    "matrix": self.health.matrix(),
+                }
+            return {"node": self.node, "nodes": nodes}
+        if op == "reload":
+            cfg = cfgmod.load(self.layout)
+            modules.load_modules(cfg.modules)
+            self.cfg = cfg
+            c.refresh()
+            return {"reloaded": True}
+        if op == "stats":
+            return c.node.stats()
+        return NotImplemented
 
 
 def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:

@@ -58,9 +58,7 @@ class Placer:
             if req is not None:
                 cpu_used += req.cpu
                 mem_used += req.memory_mb
-        caps = set(a.cfg.capabilities)
-        for m in a.cfg.modules:
-            caps |= set(m.get("provides", []))
+        caps = a.capabilities()
         return scoring.NodeInfo(
             name=a.node,
             role=a.cfg.role.upper(),

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT")
     p.add_argument("--join", action="append", default=[], help="peer HOST:PORT to join")
     p.add_argument("--profile", default="lan", help="gossip profile: lan|wan|local|seed")
+    p.add_argument("--encrypt", metavar="KEY", help="gossip key (base64, see `kovanex keygen`)")
+    p.add_argument("--cluster-label", default="", help="gossip label bound into every packet")
     p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
     p.set_defaults(func=cmd_init)
 
@@ -62,6 +64,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         gossip_profile=args.profile,
         join=list(args.join),
         http_bind=args.http,
+        gossip_label=args.cluster_label,
     )
     try:
         cfg.check()
@@ -70,6 +73,14 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     for d in (layout.repos, layout.work, layout.logs, layout.run):
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
+    if args.encrypt:
+        from kovanex.agent.cluster import keyring_path
+        from kovanex.net.keyring import Keyring
+
+        try:
+            Keyring([args.encrypt], args.encrypt).save(keyring_path(layout))
+        except ValueError as e:
+            raise CliError(f"--encrypt: {e}; make one with `kovanex keygen`") from e
     print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
     print(f"next: kovanex agent --data {layout.root}")
     return 0

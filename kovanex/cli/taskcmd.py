@@ -7,16 +7,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kovanex import config as cfgmod
-from kovanex import spec as specmod
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core import task as taskcore
-from kovanex.gitstate.ledger import TaskLedger
-from kovanex.gitstate.pygit2store import Pygit2Store
-from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.paths import templates_dir
+
+if TYPE_CHECKING:
+    from kovanex.gitstate.ledger import TaskLedger
+
+# pygit2 and jsonschema load only in the verbs that read git: `kovanex members` and
+# friends must start fast.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ledger(layout: cfgmod.Layout, repo: str) -> TaskLedger:
+    from kovanex.gitstate.ledger import TaskLedger
+    from kovanex.gitstate.pygit2store import Pygit2Store
+
     return TaskLedger(Pygit2Store(str(layout.repo(repo))), node="cli")
 
 
@@ -93,6 +98,8 @@ def find_task(layout: cfgmod.Layout, task_id: str, repo: str | None) -> tuple[st
 
 
 def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
+    from kovanex import spec as specmod
+
     view = led.read(task_id)
     data = led.spec_bytes(task_id)
     names: list[str] = []
@@ -253,6 +260,8 @@ def cmd_retry(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def _transition(led: TaskLedger, task_id: str, decide: Any, what: str) -> int:
+    from kovanex.gitstate.store import CasConflict, StaleEpoch
+
     for _ in range(20):
         view = led.read(task_id)
         try:

@@ -1,0 +1,252 @@
+"""The agent's gossip member: meta out, members in, Serf-style event handlers.
+
+Meta (role, labels, capabilities, runner slots, http, health score) rides on the
+member record and stays small (the profile's meta budget). Bulkier state goes on
+app topics: "health" (vector + score) and "repos" (inventory) per node name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kovanex import config as cfgmod
+from kovanex.core.gossip_profiles import profile
+from kovanex.core.scoring import NodeInfo
+from kovanex.net.gossip import GossipNode, MemberInfo
+from kovanex.net.keyring import Keyring
+
+if TYPE_CHECKING:
+    from kovanex.agent.daemon import Agent
+
+log = logging.getLogger("kovanex.cluster")
+MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
+HANDLER_TIMEOUT_S = 30.0
+
+
+def keyring_path(layout: cfgmod.Layout) -> Path:
+    return layout.root / "keyring.json"
+
+
+def load_keyring(layout: cfgmod.Layout) -> Keyring:
+    p = keyring_path(layout)
+    return Keyring.load(p) if p.exists() else Keyring()
+
+
+class Cluster:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        cfg = agent.cfg
+        self.keyring = load_keyring(agent.layout)
+        self.node = GossipNode(
+            cfg.name,
+            profile(cfg.gossip_profile, cfg.gossip_overrides),
+            self.keyring,
+            self.meta(),
+            label=cfg.gossip_label,
+        )
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
+        self.seq = 0
+        self._last_meta: dict[str, Any] = {}
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        host, port = cfgmod.parse_addr(self.agent.cfg.gossip_bind)
+        addr = await self.node.start((host, port))
+        self.record("agent", {"msg": f"gossip bound to {addr[0]}:{addr[1]}"})
+        for topic in MEMBER_EVENTS:
+            self.node.subscribe(topic, self._on_member_event)
+        self._last_meta = self.meta()
+        asyncio.create_task(self._retry_join())
+
+    async def _retry_join(self) -> None:
+        """Serf's retry-join: keep trying the configured peers until one answers."""
+        peers = [cfgmod.parse_addr(j) for j in self.agent.cfg.join]
+        delay = 0.2
+        while peers:
+            n = await self.node.join(peers, timeout=2.0)
+            if n > 0:
+                self.record("agent", {"msg": f"joined via {n}/{len(peers)} peers"})
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def stop(self, graceful: bool) -> None:
+        if graceful:
+            await self.node.leave()
+        else:
+            await self.node.close()
+
+    # -- outgoing state ----------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        a = self.agent
+        caps = sorted(a.capabilities())
+        return {
+            "role": a.cfg.role,
+            "labels": dict(a.cfg.labels),
+            "caps": caps,
+            "run": [a.slots.used, a.slots.total],
+            "http": a.http_url(),
+            "health": round(a.health_score(), 3),
+        }
+
+    def refresh(self) -> None:
+        """Push meta when it changed; health moves only in 0.01 steps to limit churn."""
+        m = self.meta()
+        if m != self._last_meta:
+            self._last_meta = m
+            self.node.set_meta(m)
+
+    def publish_health(self, vector: dict[str, float], score: float) -> None:
+        self.node.publish("health", self.agent.node, {"score": round(score, 4), "vector": vector})
+
+    def publish_repos(self, owned: list[str], replica: list[str]) -> None:
+        self.node.publish("repos", self.agent.node, {"owned": owned, "replica": replica})
+
+    # -- incoming state ----------------------------------------------------------------
+    def members(self) -> list[dict[str, Any]]:
+        repos = self.node.items("repos")
+        health = self.node.items("health")
+        out = []
+        for m in self.node.members():
+            meta = m.meta or {}
+            run = meta.get("run", [0, 0])
+            inv = repos.get(m.name) or {}
+            h = health.get(m.name) or {}
+            out.append(
+                {
+                    "name": m.name,
+                    "addr": f"{m.addr[0]}:{m.addr[1]}",
+                    "status": m.status,
+                    "incarnation": m.incarnation,
+                    "role": meta.get("role", "full"),
+                    "labels": meta.get("labels", {}),
+                    "capabilities": meta.get("caps", []),
+                    "runners_used": run[0],
+                    "runners_total": run[1],
+                    "health": h.get("score", meta.get("health", 0.0)),
+                    "repos_owned": inv.get("owned", []),
+                    "repos_replica": inv.get("replica", []),
+                    "http": meta.get("http", ""),
+                }
+            )
+        return sorted(out, key=lambda d: d["name"])
+
+    def node_infos(self) -> list[NodeInfo]:
+        """Alive remote members as scheduler input (the local node is built fresh)."""
+        infos = []
+        for d in self.members():
+            if d["name"] == self.agent.node or d["status"] != "alive":
+                continue
+            infos.append(
+                NodeInfo(
+                    name=d["name"],
+                    role=str(d["role"]).upper(),
+                    labels=d["labels"],
+                    capabilities=frozenset(d["capabilities"]),
+                    health=float(d["health"]),
+                    cpu_total=self.agent.placer.cpu_total,
+                    mem_total_mb=self.agent.placer.mem_total,
+                    runners_total=int(d["runners_total"]),
+                    runners_used=int(d["runners_used"]),
+                    repos_owned=frozenset(d["repos_owned"]),
+                    repos_replica=frozenset(d["repos_replica"]),
+                )
+            )
+        return infos
+
+    # -- events ------------------------------------------------------------------------
+    def record(self, kind: str, data: dict[str, Any]) -> None:
+        self.seq += 1
+        self.events.append({"seq": self.seq, "time": time.time(), "kind": kind, **data})
+
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["seq"] > seq]
+
+    def _on_member_event(self, topic: str, payload: Any) -> None:
+        if not isinstance(payload, MemberInfo):
+            return
+        self.record(
+            topic,
+            {
+                "member": payload.name,
+                "addr": f"{payload.addr[0]}:{payload.addr[1]}",
+                "status": payload.status,
+            },
+        )
+        log.info("%s %s (%s)", topic, payload.name, payload.status)
+        self.agent.on_member_event(topic, payload)
+        script = self.agent.cfg.event_handlers.get(topic)
+        if script:
+            t = asyncio.create_task(self._run_handler(topic, script, payload))
+            self._handlers.add(t)
+            t.add_done_callback(self._handlers.discard)
+
+    async def _run_handler(self, topic: str, script: str, m: MemberInfo) -> None:
+        """Serf event handler: event in env vars, member lines on stdin."""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "KOVANEX_EVENT": topic,
+            "KOVANEX_SELF_NAME": self.agent.node,
+            "KOVANEX_SELF_ROLE": self.agent.cfg.role,
+            "KOVANEX_MEMBER_NAME": m.name,
+            "KOVANEX_MEMBER_ADDR": f"{m.addr[0]}:{m.addr[1]}",
+            "KOVANEX_MEMBER_STATUS": m.status,
+        }
+        lines = []
+        for d in self.members():
+            labels = ",".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))
+            lines.append(f"{d['name']}\t{d['addr']}\t{d['role']}\t{d['status']}\t{labels}\n")
+        try:
+            proc = await asyncio.create_subprocess_shell(
+                script,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            out, _ = await asyncio.wait_for(
+                proc.communicate("".join(lines).encode()), HANDLER_TIMEOUT_S
+            )
+            self.record(
+                "handler",
+                {
+                    "event": topic,
+                    "exit": proc.returncode,
+                    "output": out.decode(errors="replace")[-500:],
+                },
+            )
+        except (TimeoutError, OSError) as e:
+            self.record("handler", {"event": topic, "error": str(e)})
+
+    # -- keys --------------------------------------------------------------------------
+    def keys_op(self, args: dict[str, Any]) -> dict[str, Any]:
+        action, key = args.get("action", "list"), args.get("key")
+        try:
+            self._key_action(action, key)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from e
+        if action != "list":
+            self.keyring.save(keyring_path(self.agent.layout))
+        keys = self.node.list_keys()
+        return {"keys": keys, "primary": keys[0] if keys else None}
+
+    def _key_action(self, action: str, key: str | None) -> None:
+        if action == "install":
+            self.node.install_key(key)
+        elif action == "use":
+            self.node.use_key(key)
+        elif action == "remove":
+            self.node.remove_key(key)
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,183 @@
+"""Serf-style cluster verbs: members, join, leave, force-leave, monitor, keys, keygen."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from kovanex import config as cfgmod
+from kovanex.agent import control
+from kovanex.cli.output import CliError, add_format, emit_json, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("members", help="list cluster members (Serf: members)")
+    p.add_argument("--status", help="only members in this status: alive|suspect|dead|left")
+    p.add_argument("--label", action="append", default=[], help="only members with k=v")
+    add_format(p)
+    p.set_defaults(func=cmd_members)
+
+    p = sub.add_parser("join", help="join a cluster through one or more members")
+    p.add_argument("addrs", nargs="+", metavar="HOST:PORT")
+    p.set_defaults(func=cmd_join)
+
+    p = sub.add_parser("leave", help="leave the cluster gracefully and stop the agent")
+    p.set_defaults(func=cmd_leave)
+
+    p = sub.add_parser("force-leave", help="mark a failed member as left")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_force_leave)
+
+    p = sub.add_parser("monitor", help="stream member events and agent log lines")
+    p.add_argument("--since", type=int, default=0, help="start after this event number")
+    p.add_argument("--count", type=int, default=0, help="stop after N events (0 = forever)")
+    add_format(p)
+    p.set_defaults(func=cmd_monitor)
+
+    p = sub.add_parser("keygen", help="print a new 32-byte gossip key (base64)")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser("keys", help="manage the gossip keyring (install, use, remove, list)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--install", metavar="KEY")
+    g.add_argument("--use", metavar="KEY")
+    g.add_argument("--remove", metavar="KEY")
+    g.add_argument("--list", action="store_true")
+    add_format(p)
+    p.set_defaults(func=cmd_keys)
+
+
+def _call(layout: cfgmod.Layout, op: str, **args: Any) -> Any:
+    try:
+        return control.call(layout.control_socket, op, **args)
+    except control.ControlError as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    want = cfgmod.parse_labels(args.label)
+    rows = [
+        m
+        for m in _call(layout, "members")
+        if (not args.status or m["status"] == args.status)
+        and all(m["labels"].get(k) == v for k, v in want.items())
+    ]
+    if args.format == "json":
+        emit_json(rows)
+        return 0
+    print(
+        table(
+            [
+                (
+                    m["name"],
+                    m["addr"],
+                    m["status"],
+                    m["role"],
+                    ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items())) or "-",
+                    f"{m['runners_used']}/{m['runners_total']}",
+                    f"{float(m['health'] or 0):.2f}",
+                )
+                for m in rows
+            ],
+            ["NAME", "ADDRESS", "STATUS", "ROLE", "LABELS", "RUNNERS", "HEALTH"],
+        )
+    )
+    return 0
+
+
+def cmd_join(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    res = _call(layout, "join", addrs=args.addrs)
+    print(f"joined: {res['joined']} of {len(args.addrs)} address(es) answered")
+    return 0
+
+
+def cmd_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    _call(layout, "leave")
+    deadline = time.monotonic() + 15
+    while layout.control_socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("left the cluster; the agent has stopped")
+    return 0
+
+
+def cmd_force_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    _call(layout, "force-leave", name=args.name)
+    print(f"{args.name} is marked left")
+    return 0
+
+
+def cmd_monitor(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    seq, seen = args.since, 0
+    while True:
+        res = _call(layout, "events", since=seq)
+        for e in res["events"]:
+            seq = max(seq, e["seq"])
+            seen += 1
+            if args.format == "json":
+                print(json.dumps(e, sort_keys=True), flush=True)
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                rest = " ".join(
+                    f"{k}={v}" for k, v in e.items() if k not in ("seq", "time", "kind")
+                )
+                print(f"{stamp} [{e['kind']}] {rest}", flush=True)
+            if args.count and seen >= args.count:
+                return 0
+        time.sleep(0.2)  # polling interval of a follower, not test synchronisation
+
+
+def cmd_keygen(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex.net.keyring import keygen
+
+    print(keygen())
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    action = (
+        next(a for a in ("install", "use", "remove") if getattr(args, a))
+        if not args.list
+        else "list"
+    )
+    key = getattr(args, action, None) if action != "list" else None
+    try:
+        res = control.call(layout.control_socket, "keys", action=action, key=key)
+    except control.ControlError as e:
+        if "not running" not in str(e):
+            raise CliError(str(e)) from e
+        res = _offline_keys(layout, action, key)
+    if args.format == "json":
+        emit_json(res)
+    else:
+        for k in res["keys"]:
+            print(("* " if k == res["primary"] else "  ") + k)
+    return 0
+
+
+def _offline_keys(layout: cfgmod.Layout, action: str, key: str | None) -> dict[str, Any]:
+    """With the agent down the keyring file is edited directly; the agent loads it at start."""
+    from kovanex.net.keyring import Keyring
+
+    path = layout.root / "keyring.json"
+    kr = Keyring.load(path) if path.exists() else Keyring()
+    try:
+        if action == "install":
+            kr.install(key or "")
+        elif action == "use":
+            kr.use(key or "")
+        elif action == "remove":
+            kr.remove(key or "")
+    except (KeyError, ValueError) as e:
+        raise CliError(str(e).strip("'\"")) from e
+    if action != "list":
+        layout.root.mkdir(parents=True, exist_ok=True)
+        kr.save(path)
+    keys = kr.list()
+    return {"keys": keys, "primary": keys[0] if keys else None}
+
+
+def _print(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")

@@ -1,0 +1,20 @@
+"""`kovanex schema`: the task spec's JSON Schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kovanex import config as cfgmod
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schema", help="print the task spec JSON Schema")
+    p.set_defaults(func=cmd_schema)
+
+
+def cmd_schema(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex import spec as specmod
+
+    print(json.dumps(specmod.schema(), indent=2, sort_keys=True))
+    return 0
