@@ -19,7 +19,8 @@ from typing import Any
 
 from kovanex.core.effects import Publish, Send, SendStream, SetTimer
 from kovanex.core.gossip_msgs import MemberState, PushPull, Received, StreamReceived
-from kovanex.core.gossip_profiles import Profile, profile
+from kovanex.core.gossip_profiles import Profile
+from kovanex.core.gossip_profiles import profile as get_profile
 from kovanex.core.membership import Membership
 from kovanex.net.codec import Decoder, Encoder, Stats
 from kovanex.net.keyring import Keyring
@@ -55,7 +56,7 @@ class GossipNode:
     def __init__(
         self,
         name: str,
-        prof: Profile | str = "lan",
+        profile: Profile | str = "lan",
         keyring: Keyring | None = None,
         meta: dict[str, Any] | None = None,
         label: str = "",
@@ -63,7 +64,7 @@ class GossipNode:
         seed: int | None = None,
     ) -> None:
         self.name = name
-        self.profile = profile(prof) if isinstance(prof, str) else prof
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.keyring = keyring if keyring is not None else Keyring()
         self.label = label
         self.transport: Transport = transport or UdpTcpTransport()
@@ -163,6 +164,10 @@ class GossipNode:
         self._run(self.core.force_leave(self._now(), name))
 
     def set_meta(self, meta: dict[str, Any]) -> None:
+        """Replace this node's meta (role, labels, capabilities, slots, http address...)."""
+        if self._core is None:
+            self._meta = dict(meta)  # before start(): becomes the initial meta
+            return
         self._run(self.core.set_meta(self._now(), meta))
 
     def publish(self, topic: str, key: str, value: Any) -> None:
