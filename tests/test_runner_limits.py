@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from kovanex.runner import Limits, detect, run_step, step_env
-from kovanex.runner.limits import _hierarchies, reap_stale
+from kovanex.runner.limits import CGROUP_V1, RLIMIT, Applied, _hierarchies, reap_stale
 
 HOG = "python3 -c 'b = bytearray(512 << 20); print(\"allocated\", len(b))'"
 MODEST = "python3 -c 'b = bytearray(32 << 20); print(\"allocated\", len(b))'"
@@ -139,3 +140,37 @@ def test_reap_stale_kills_and_removes_a_dead_agents_cgroups(tmp_path: Path) -> N
         orphan.wait()
         if stale.exists():
             stale.rmdir()
+
+
+def test_join_wrapper_joins_first_then_runs_the_command_unchanged(tmp_path: Path) -> None:
+    """The wrapper that replaces preexec: join every cgroup, then exec the step's own shell."""
+    procs = [tmp_path / "a", tmp_path / "b"]
+    for d in procs:
+        d.mkdir()
+        (d / "cgroup.procs").write_text("")  # stands in for the kernel file
+    command = 'cat a/cgroup.procs b/cgroup.procs; printf \'%s|\' "$0" "$#" \'x y\' "$HOME"; echo $$'
+    argv, preexec = Applied(CGROUP_V1, procs, []).argv(command)
+    assert preexec is None
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/h"}
+    wrapped = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    (tmp_path / "a" / "cgroup.procs").write_text("0\n")
+    (tmp_path / "b" / "cgroup.procs").write_text("0\n")
+    direct = subprocess.run(
+        ["/bin/sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    lines, expect = wrapped.stdout.splitlines(), direct.stdout.splitlines()
+    assert lines[:2] == ["0", "0"]  # joined before the command ran
+    assert lines[2].rsplit("|", 1)[0] == expect[2].rsplit("|", 1)[0] == "/bin/sh|0|x y|/h"
+    assert wrapped.returncode == 0
+
+
+def test_a_failed_join_never_runs_the_command(tmp_path: Path) -> None:
+    argv, _ = Applied(CGROUP_V1, [tmp_path / "missing"], []).argv("touch ran")
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 126
+    assert not (tmp_path / "ran").exists()
+
+
+def test_rlimits_keep_the_preexec_hook() -> None:
+    argv, preexec = Applied(RLIMIT, [], [(resource.RLIMIT_AS, 1 << 30, 1 << 30)]).argv("true")
+    assert argv == ["/bin/sh", "-c", "true"] and preexec is not None

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +15,7 @@ import psutil
 import pytest
 import uvloop
 
-from kovanex.runner import Limits, detect, follow, run_step, step_env
+from kovanex.runner import Limits, detect, follow, process, run_step, step_env
 
 
 def gone(pid: int) -> bool:
@@ -274,3 +277,86 @@ def test_step_env_defaults_and_validation(tmp_path: Path) -> None:
         step_env({}, {"SECRET": "x"})
     with pytest.raises(ValueError):
         step_env({"A=B": "x"}, {})
+
+
+# --- spawn cost: vfork + pidfd, no preexec_fn unless rlimits need one ---
+
+
+class _PopenSpy(subprocess.Popen):  # type: ignore[type-arg]
+    calls: list[dict[str, object]] = []
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        _PopenSpy.calls.append({"argv": args[0], **kw})
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def popen_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    _PopenSpy.calls = []
+    monkeypatch.setattr(process.subprocess, "Popen", _PopenSpy)
+
+    async def no_asyncio_spawn(*a: object, **kw: object) -> None:
+        raise AssertionError("the fast path must not use asyncio's subprocess machinery")
+
+    monkeypatch.setattr(process.asyncio, "create_subprocess_exec", no_asyncio_spawn)
+    return _PopenSpy.calls
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_steps_without_rlimits_spawn_without_preexec(
+    tmp_path: Path, popen_spy: list[dict[str, object]], loop: str
+) -> None:
+    """No preexec_fn lets CPython vfork(); a preexec_fn means fork()ing the whole agent."""
+    limits = [None, *([Limits(memory_mb=256)] if detect() != "rlimit" else [])]
+    for lim in limits:
+        coro = run_step(
+            "echo $$ > pid; exit 3",
+            cwd=tmp_path,
+            env=env_for(tmp_path),
+            timeout_s=10,
+            log_path=tmp_path / "log",
+            limits=lim,
+        )
+        out = uvloop.run(coro) if loop == "uvloop" else asyncio.run(coro)
+        assert (out.result, out.exit_code) == ("failed", 3)
+        assert popen_spy[-1]["preexec_fn"] is None
+        assert popen_spy[-1]["start_new_session"] is True
+    assert len(popen_spy) == len(limits)
+
+
+def test_rlimits_still_use_preexec(tmp_path: Path, popen_spy: list[dict[str, object]]) -> None:
+    out = run(tmp_path, "ulimit -v > vmem", limits=Limits(memory_mb=200, mechanism="rlimit"))
+    assert out.result == "ok"
+    assert popen_spy[-1]["preexec_fn"] is not None
+    assert (tmp_path / "vmem").read_text().strip() == str(200 * 1024)
+
+
+def test_exit_status_of_a_signalled_step_through_the_pidfd_path(tmp_path: Path) -> None:
+    out = run(tmp_path, "kill -USR1 $$")
+    assert (out.result, out.exit_code) == ("failed", -signal.SIGUSR1)
+
+
+def test_the_asyncio_spawn_path_still_works(tmp_path: Path) -> None:
+    """fast_spawn=False is the fallback where pidfd is missing (and the bench's baseline)."""
+    out = run(tmp_path, "echo slow-path; exit 4", fast_spawn=False)
+    assert (out.result, out.exit_code) == ("failed", 4)
+    assert (tmp_path / "log").read_text() == "slow-path\n"
+    out = run(tmp_path, "sleep 300 & echo $! > bg.pid; wait", timeout_s=0.5, fast_spawn=False)
+    assert out.result == "timeout"
+    assert wait_until(lambda: gone(int((tmp_path / "bg.pid").read_text())))
+
+
+def test_no_pidfd_or_thread_leaks_over_many_steps(tmp_path: Path) -> None:
+    async def many() -> None:
+        for _ in range(30):
+            out = await run_step(
+                "true", cwd=tmp_path, env=env_for(tmp_path), timeout_s=5, log_path=tmp_path / "l"
+            )
+            assert out.result == "ok"
+
+    fds = len(os.listdir("/proc/self/fd"))
+    threads = threading.active_count()
+    uvloop.run(many())
+    asyncio.run(many())
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert threading.active_count() <= threads

@@ -28,6 +28,9 @@ RLIMIT = "rlimit"
 NONE = "none"
 
 CPU_PERIOD_US = 100_000
+# $1 is the step's command, the rest are cgroup.procs files; "0" means "me". Exit
+# 126 ("cannot execute") if a join fails: the step never runs outside its limits.
+_JOIN = 'c=$1; shift; for f in "$@"; do echo 0 > "$f" || exit 126; done; exec /bin/sh -c "$c"'
 _counter = itertools.count(1)
 
 
@@ -166,8 +169,9 @@ def detect() -> str:
 class Applied:
     """Limits made concrete for one process tree: a preexec hook plus cgroup bookkeeping.
 
-    The child joins the cgroup itself (in preexec, before exec) so not even its first
-    fork can escape; writing "0" to cgroup.procs means "the calling process".
+    The child joins the cgroup itself, before the step's command runs, so not even
+    its first fork can escape; writing "0" to cgroup.procs means "the calling
+    process". See argv().
     """
 
     def __init__(self, mechanism: str, dirs: list[Path], rlimits: list[tuple[int, int, int]]):
@@ -175,6 +179,18 @@ class Applied:
         self.dirs = dirs
         self._rlimits = rlimits
         self._procs = [str(d / "cgroup.procs") for d in dirs]
+
+    def argv(self, command: str) -> tuple[list[str], Callable[[], None] | None]:
+        """The step's argv and the preexec hook it needs (None: spawn may vfork).
+
+        With cgroups only, a wrapper shell joins them and then execs the step's
+        shell: the same pid and session, and nothing has run yet that could fork
+        out. A preexec_fn would force a full fork() of the agent (~7 ms here, more
+        the bigger the agent) where vfork() costs ~1 ms. rlimits still need preexec.
+        """
+        if self._procs and not self._rlimits:
+            return ["/bin/sh", "-c", _JOIN, "kovanex-join", command, *self._procs], None
+        return ["/bin/sh", "-c", command], self.preexec
 
     @property
     def preexec(self) -> Callable[[], None] | None:

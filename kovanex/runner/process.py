@@ -107,19 +107,110 @@ def _live_members(pgid: int) -> list[int]:
     return found
 
 
+class _Child:
+    """A spawned step whose exit is a pidfd readiness event on the running loop.
+
+    asyncio's subprocess machinery costs more than the step itself for short steps:
+    uvloop (the agent's loop) fork()s the whole agent, copying its page tables, and
+    the stdlib loop starts a waitpid thread per child (ThreadedChildWatcher on 3.11).
+    subprocess.Popen vfork()s when there is no preexec_fn, and a pidfd needs no
+    thread and no SIGCHLD handler. Mirrors the slice of asyncio.subprocess.Process
+    that run_step uses: pid, returncode, wait().
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int) -> None:
+        self._popen = popen  # held until reaped, so subprocess._cleanup() never reaps it
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self._loop.add_reader(pidfd, self._reap)
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped behind our back: the exit status is lost
+            pid, status = self.pid, 255 << 8
+        if pid == 0:
+            return
+        self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
+        self.close()
+        if not self._exited.done():
+            self._exited.set_result(self.returncode)
+
+    def close(self) -> None:
+        if self._pidfd >= 0:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+async def _spawn(
+    command: str, *, cwd: Path, env: dict[str, str], fd: int, applied: Applied, fast: bool
+) -> _Child | asyncio.subprocess.Process:
+    """Start `/bin/sh -c command` in its own session, writing into `fd`."""
+    argv, preexec = applied.argv(command)
+    if fast and _PIDFD:
+        popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except OSError:
+            # Probed at import, so this is an fd shortage: never leave a child untracked.
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            raise
+        return _Child(popen, pidfd)
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=fd,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+
+
+_Proc = _Child | asyncio.subprocess.Process
+
+
+def _pidfd_works() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+_PIDFD = _pidfd_works()
+
+
 def _signal_tree(pgid: int, applied: Applied, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
     applied.kill_all(sig)
 
 
-def _tree_alive(proc: asyncio.subprocess.Process, pgid: int, applied: Applied) -> bool:
+def _tree_alive(proc: _Proc, pgid: int, applied: Applied) -> bool:
     return proc.returncode is None or bool(_live_members(pgid)) or bool(applied.pids())
 
 
-async def _wait_tree(
-    proc: asyncio.subprocess.Process, pgid: int, applied: Applied, deadline: float
-) -> bool:
+async def _wait_tree(proc: _Proc, pgid: int, applied: Applied, deadline: float) -> bool:
     """Wait until the leader is reaped and the group/cgroup is empty; False at the deadline."""
     while _tree_alive(proc, pgid, applied):
         left = deadline - time.monotonic()
@@ -133,9 +224,7 @@ async def _wait_tree(
     return True
 
 
-async def _terminate(
-    proc: asyncio.subprocess.Process, pgid: int, applied: Applied, grace_s: float
-) -> None:
+async def _terminate(proc: _Proc, pgid: int, applied: Applied, grace_s: float) -> None:
     """SIGTERM the whole tree, give it `grace_s`, then SIGKILL whatever is left."""
     if not _tree_alive(proc, pgid, applied):
         return
@@ -189,12 +278,16 @@ async def run_step(
     cancel: asyncio.Event | None = None,
     on_start: Callable[[int], None] | None = None,
     kill_grace_s: float = KILL_GRACE_S,
+    fast_spawn: bool = True,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
     The child writes straight into the log file (no pipe through the agent), so
     followers see output as soon as the child flushes it, and a busy event loop
     can never stall a chatty step. `timeout_s` may be math.inf (services).
+    `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
+    (see _Child); it is the fallback where pidfd is missing, and the benchmark's
+    baseline.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -207,18 +300,7 @@ async def run_step(
         raise
     mechanism = applied.mechanism
     try:
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            command,
-            cwd=cwd,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=fd,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=applied.preexec,
-        )
+        proc = await _spawn(command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn)
     except (OSError, subprocess.SubprocessError) as exc:
         applied.cleanup()
         reason = f"could not start step: {exc}"
@@ -272,4 +354,6 @@ async def run_step(
         for t in (waiter, canceller):
             if t is not None and not t.done():
                 t.cancel()
+        if isinstance(proc, _Child):
+            proc.close()
         await asyncio.shield(applied.close())
