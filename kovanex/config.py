@@ -69,6 +69,10 @@ class Layout:
     def agent_log(self) -> Path:
         return self.root / "agent.log"
 
+    @property
+    def token_file(self) -> Path:
+        return self.root / "secrets" / "cluster.token"
+
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 
@@ -229,3 +233,28 @@ def _inline(d: dict[str, Any]) -> str:
     if not d:
         return "{}"
     return "{ " + ", ".join(f"{_q(k)} = {_scalar(v)}" for k, v in sorted(d.items())) + " }"
+
+
+def write_token(layout: Layout, token: str) -> None:
+    """The cluster token guards git-over-HTTP and the API; every node shares it (0600)."""
+    layout.token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = layout.token_file.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token.strip() + "\n")
+    os.replace(tmp, layout.token_file)
+
+
+def read_token(layout: Layout) -> str:
+    try:
+        return layout.token_file.read_text().strip()
+    except FileNotFoundError as e:
+        raise ConfigError(
+            f"no cluster token at {layout.token_file}; re-run `kovanex init --force --token T`"
+        ) from e
+
+
+def http_url(cfg: NodeConfig, token: str | None = None) -> str:
+    host, port = parse_addr(cfg.http_bind, 0)
+    auth = f"kx:{token}@" if token else ""
+    return f"http://{auth}{host}:{port}"

@@ -25,7 +25,9 @@ def run(
     except cfgmod.ConfigError:
         node = "hook"
     if phase == "pre-receive":
-        verdict = check_pre_receive(git_dir, quarantine, updates, options, node=node)
+        verdict = check_pre_receive(
+            git_dir, quarantine, updates, options, node=node, owner_url=_owner_url(git_dir, node)
+        )
         for m in verdict.messages:
             print(m, file=sys.stderr)
         return 0 if verdict.ok else 1
@@ -37,3 +39,17 @@ def run(
             file=sys.stderr,
         )
     return 0
+
+
+def _owner_url(git_dir: str, node: str):
+    """With the agent down, the ownership record in refs/kovanex/meta still decides."""
+
+    def check() -> str | None:
+        from kovanex.gitstate.ownership import read_ownership
+
+        own = read_ownership(Pygit2Store(git_dir))
+        if own is None or own.owner == node:
+            return None
+        return f"the owner {own.owner} (see `kovanex members` for its http address)"
+
+    return check

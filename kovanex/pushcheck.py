@@ -19,6 +19,7 @@ ZERO = "0" * 40
 SPEC_PATH = ".kovanex/task.toml"
 ACTIVE = {"placed", "running"}
 SKIP_PREFIX = "refs/kovanex/skip/"
+STAGING_PREFIX = "refs/kovanex/staging/"  # sync replication: the owner stages on replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +84,26 @@ def check_pre_receive(
     *,
     node: str = "",
     preview: Previewer | None = None,
+    owner_url: Callable[[], str | None] | None = None,
 ) -> Verdict:
-    """Validate every pushed task spec; protect running tasks; honour dry-run."""
+    """Validate every pushed task spec; protect running tasks; fence stale epochs;
+    refuse writes to a replica; honour dry-run."""
     verdict = Verdict()
     for err in options.errors:
         verdict.reject(f"kovanex: {err}")
     extra = [quarantine] if quarantine else []
     store = Pygit2Store(git_dir, extra_object_dirs=extra)
     ledger = TaskLedger(store, node=node or "hook")
-    for u in updates:
+    writes = [u for u in updates if not u.ref.startswith(STAGING_PREFIX)]
+    if writes and owner_url is not None:
+        owner = owner_url()
+        if owner is not None:
+            verdict.reject(
+                f"kovanex: this node ({node}) holds a read-only replica of this repo; "
+                f"push to the owner instead: {owner}"
+            )
+            return verdict
+    for u in writes:
         task_id = task_id_of(u.ref)
         if task_id is None:
             if u.ref.startswith("refs/heads/task/"):
@@ -120,6 +132,7 @@ def check_pre_receive(
             continue
         if u.old != ZERO:
             _check_running(store, ledger, task_id, u, verdict)
+            _check_epoch(store, ledger, task_id, u, verdict)
         if options.dry_run and preview is not None:
             spec = specmod.load_spec(data, SPEC_PATH)
             verdict.messages.append(f"kovanex: dry-run task/{task_id}: {preview(task_id, spec)}")
@@ -150,6 +163,23 @@ def _check_running(
             f"kovanex: task/{task_id} is {view.state} on {view.node} (epoch {view.epoch}); "
             "a non-fast-forward push would rewrite its history. Run `git pull --rebase` "
             f"and push again, or cancel it first: kovanex task cancel {task_id}"
+        )
+
+
+def _check_epoch(
+    store: Pygit2Store, ledger: TaskLedger, task_id: str, u: RefUpdate, verdict: Verdict
+) -> None:
+    """Fencing: a transition written under an older lease than the branch's is refused."""
+    from kovanex.gitstate.ledger import transition_of
+
+    tr = transition_of(store.read_commit(u.new).message)
+    if tr is None:
+        return
+    current = ledger.read(task_id).epoch
+    if tr.epoch < current:
+        verdict.reject(
+            f"kovanex: task/{task_id}: stale epoch {tr.epoch} < current {current}; this "
+            "lease was superseded (the task was cancelled or moved); the writer must stand down"
         )
 
 

@@ -26,11 +26,13 @@ from kovanex.agent.executor import Lease, TaskRun, kill_orphan
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.remote import RemoteLedger
 from kovanex.agent.watcher import RefWatcher
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.net.githttp import GitHttpServer
 from kovanex.pushcheck import (
     ZERO,
     PushOptions,
@@ -71,7 +73,13 @@ class Agent:
         self._kick: asyncio.Event | None = None
         self.health: Any = None
         self.cluster: Cluster | None = None
-        self.remote_exec = False  # set once cross-node execution (fetch/push) is wired
+        self.http: GitHttpServer | None = None
+        self.token = cfgmod.read_token(layout)
+        self.remote_exec = True
+        self.replicas: Any = None
+        self.assignments: dict[
+            str, str
+        ] = {}  # repo -> owner base URL, from assign records  # remote runs fetch from and CAS-push to the owner over HTTP
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
@@ -99,7 +107,7 @@ class Agent:
         return modules.capabilities(self.cfg)
 
     def http_url(self) -> str:
-        return ""
+        return self.http.url if self.http is not None else ""
 
     def remote_nodes(self) -> list:
         """Other members' NodeInfo from gossip; only once they can run our repos' tasks."""
@@ -108,8 +116,124 @@ class Agent:
         return self.cluster.node_infos()
 
     def on_member_event(self, topic: str, member: Any) -> None:
-        """Membership changed: capacity elsewhere may have appeared, or a holder died."""
+        """Membership changed: capacity may have appeared, or a lease holder died."""
+        if topic in ("member-failed", "member-leave"):
+            asyncio.get_running_loop().create_task(self.requeue_held_by(member.name))
         self._on_ref_change("")
+
+    def member_status(self, name: str) -> str | None:
+        if self.cluster is None:
+            return None
+        for m in self.cluster.node.members():
+            if m.name == name:
+                return m.status
+        return None
+
+    async def requeue_held_by(self, dead: str) -> None:
+        """Every task a failed node held is queued again under a new epoch; the next
+        holder resumes after the last step commit, and the old holder is fenced out."""
+        for repo in self.owned_repos():
+            ledger = self.ledger(repo)
+            for task_id in ledger.list_tasks():
+                key = (repo, task_id)
+                async with self.locks.setdefault(key, asyncio.Lock()):
+                    view = ledger.read(task_id)
+                    if view.node != dead or view.state not in (taskcore.PLACED, taskcore.RUNNING):
+                        continue
+                    tr = taskcore.requeue(view, f"node {dead} failed; rescheduling")
+                    try:
+                        tip = ledger.append(
+                            task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
+                        )
+                    except (CasConflict, StaleEpoch):
+                        continue
+                    log.info("%s/%s requeued: holder %s failed", repo, task_id, dead)
+                    self.tips[key] = tip
+                    self.pending[key] = (tip, self._priority(key))
+        self._on_ref_change("")
+
+    def owned_repos(self) -> list[str]:
+        if self.replicas is None:
+            return self.repos()
+        return [r for r in self.repos() if self.replicas.is_owner(r)]
+
+    def owner_url(self, repo: str) -> str:
+        """The owner's git URL for a repo we run tasks of (looked up fresh each time)."""
+        if self.replicas is not None:
+            o = self.replicas.owner_of(repo)
+            if o is not None:
+                return f"{o[1]}/git/{repo}.git"
+        a = self.assignments.get(repo)
+        if a is None:
+            raise LookupError(f"no known owner for repo {repo}")
+        return f"{a}/git/{repo}.git"
+
+    def _on_assign(self, topic: str, payload: Any) -> None:
+        value = getattr(payload, "value", None)
+        if not isinstance(value, dict) or value.get("node") != self.node:
+            return
+        self.assignments[value["repo"]] = value["url"]
+        key = (value["repo"], value["task"])
+        if key in self.runs:
+            return
+        asyncio.get_running_loop().create_task(self._start_remote(value))
+
+    async def _start_remote(self, a: dict[str, Any]) -> None:
+        repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
+        key = (repo, task_id)
+        async with self.locks.setdefault(key, asyncio.Lock()):
+            if key in self.runs:
+                return
+            remote = RemoteLedger(
+                self.layout.root / "cache" / f"{repo}.git",
+                lambda: self.owner_url(repo),
+                self.token,
+                self.node,
+            )
+            try:
+                view = await asyncio.to_thread(remote.read, task_id)
+            except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
+                log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
+                return
+            if view.node != self.node or view.epoch != epoch:
+                return
+            if view.state == taskcore.RUNNING:
+                # we held this lease before a restart: hand it back under a new epoch
+                tr = taskcore.requeue(view, f"agent {self.node} restarted; rescheduling")
+                try:
+                    await asyncio.to_thread(
+                        remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
+                    )
+                except (CasConflict, StaleEpoch):
+                    pass
+                return
+            if view.state != taskcore.PLACED or not self.slots.try_acquire():
+                return
+            run = TaskRun(self, Lease(repo, task_id, self.node, epoch), remote=remote)
+            self.runs[key] = run
+            asyncio.create_task(run.run())
+            asyncio.create_task(self._watch_remote(run, remote))
+
+    async def _watch_remote(self, run: TaskRun, remote: RemoteLedger) -> None:
+        """Notice a cancel or a move on the owner while a long step runs."""
+        from kovanex.gitstate import mirror
+
+        ref = f"refs/heads/task/{run.lease.task_id}"
+        while run.key in self.runs and not run.cancel.is_set():
+            await asyncio.sleep(1.0)
+            try:
+                refs = await asyncio.to_thread(mirror.ls_remote, remote.owner_url(), self.token)
+            except Exception:  # noqa: BLE001 - transient; the next write decides anyway
+                continue
+            if refs.get(ref) not in (None, remote.tip(run.lease.task_id)):
+                try:
+                    view = await asyncio.to_thread(remote.read, run.lease.task_id)
+                except Exception:  # noqa: BLE001
+                    continue
+                if view.epoch != run.lease.epoch or view.node != self.node:
+                    run.stand_down(
+                        f"lease moved on the owner: {view.state} {view.node}@{view.epoch}"
+                    )
 
     def saw_tip(self, repo: str, task_id: str, tip: str) -> None:
         self.tips[(repo, task_id)] = tip
@@ -136,8 +260,12 @@ class Agent:
             runner_free_fn=lambda: self.slots.free,
             queue_depth_fn=lambda: len(self.pending),
         )
+        host, port = cfgmod.parse_addr(self.cfg.http_bind, 0)
+        self.http = GitHttpServer(self.layout.repos, self.token, bind=(host, port))
+        await self.http.start()
         self.cluster = Cluster(self)
         await self.cluster.start()
+        self.cluster.node.subscribe("assign", self._on_assign)
         await self.reconcile_all()
         await self.hooks.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
@@ -165,6 +293,7 @@ class Agent:
             )
         self.watcher.stop()
         await self.cluster.stop(graceful=self.leaving)
+        await self.http.close()
         await self.control.close()
         self.layout.pid_file.unlink(missing_ok=True)
 
@@ -179,7 +308,9 @@ class Agent:
             try:
                 for repo in self.repos():
                     self.watcher.watch(self.repo_path(repo))
+                for repo in self.owned_repos():
                     await self.reconcile_repo(repo)
+                await self._fence_dead_holders()
                 await self.schedule_pending()
             except Exception:
                 log.exception("sweep failed")
@@ -205,8 +336,9 @@ class Agent:
             await self._kick.wait()
             self._kick.clear()
             dirty, self._dirty = self._dirty, set()
+            owned = set(self.owned_repos())
             for repo in sorted(dirty):
-                if repo:
+                if repo in owned:
                     await self.reconcile_repo(repo)
             await self.schedule_pending()
 
@@ -221,9 +353,23 @@ class Agent:
         self._on_ref_change(run.lease.repo)
 
     # -- reconcile ---------------------------------------------------------------------
+    async def _fence_dead_holders(self) -> None:
+        """Backstop for a missed member-failed event: requeue leases of dead/left nodes."""
+        dead = set()
+        for repo in self.owned_repos():
+            ledger = self.ledger(repo)
+            for task_id in ledger.list_tasks():
+                view = ledger.read(task_id)
+                if view.state in (taskcore.PLACED, taskcore.RUNNING) and view.node != self.node:
+                    if self.member_status(view.node) in ("dead", "left"):
+                        dead.add(view.node)
+        for name in sorted(dead):
+            await self.requeue_held_by(name)
+
     async def reconcile_all(self) -> None:
         for repo in self.repos():
             self.watcher.watch(self.repo_path(repo))
+        for repo in self.owned_repos():
             await self.reconcile_repo(repo, force=True)
         await self.schedule_pending()
 
@@ -330,7 +476,26 @@ class Agent:
                 )
                 return
             if decision.node != self.node:
-                return  # another node's agent claims it (multi-node placement)
+                try:
+                    lease = ledger.claim(task_id, decision.node, decision.extra)
+                except (AlreadyClaimed, CasConflict, StaleEpoch):
+                    return
+                self.pending.pop(key, None)
+                self.tips[key] = lease.tip
+                if self.cluster is not None:
+                    self.cluster.node.publish(
+                        "assign",
+                        f"{repo}/{task_id}",
+                        {
+                            "repo": repo,
+                            "task": task_id,
+                            "node": decision.node,
+                            "epoch": lease.epoch,
+                            "url": self.http_url(),
+                            "owner": self.node,
+                        },
+                    )
+                return
             if not self.slots.try_acquire():
                 return
             try:
@@ -372,6 +537,11 @@ class Agent:
                 options,
                 node=self.node,
                 preview=lambda tid, spec: self.placer.preview(repo, tid, spec),
+                owner_url=lambda: (
+                    None
+                    if self.replicas is None or self.replicas.is_owner(repo)
+                    else self.owner_url(repo)
+                ),
             )
             if verdict.ok:
                 for u in updates:
@@ -412,6 +582,10 @@ class Agent:
                 "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
                 "hook_port": self.hooks.port,
             }
+        if op == "repo.created":
+            self.watcher.watch(self.repo_path(args["name"]))
+            self._on_ref_change(args["name"])
+            return {"url": f"{self.http_url()}/git/{args['name']}.git"}
         if op == "reconcile":
             await self.reconcile_all()
             return True

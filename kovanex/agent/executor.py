@@ -14,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -45,13 +45,18 @@ class Lease:
 
 
 class TaskRun:
-    def __init__(self, agent: Agent, lease: Lease) -> None:
+    def __init__(self, agent: Agent, lease: Lease, remote: Any = None) -> None:
         self.agent = agent
         self.lease = lease
         self.cancel = asyncio.Event()
         self.why = ""
         self.key = (lease.repo, lease.task_id)
-        self.ledger = agent.ledger(lease.repo)
+        # A remote run reads and writes the owner's branch through a cache repo (blocking
+        # git network calls, so they run in a thread); a local run uses the repo directly.
+        self.remote = remote
+        self.ledger = remote if remote is not None else agent.ledger(lease.repo)
+        self.repo_path = Path(remote.cache) if remote is not None else agent.repo_path(lease.repo)
+        self.request: Any = None
         self.wt = agent.layout.work / lease.repo / lease.task_id
         self.pidfile = agent.layout.run / "steps" / f"{lease.repo}__{lease.task_id}.json"
 
@@ -78,8 +83,13 @@ class TaskRun:
                 log.debug("worktree cleanup failed", exc_info=True)
             self.agent.run_finished(self)
 
-    def _view(self) -> taskcore.TaskView:
-        view = self.ledger.read(self.lease.task_id)
+    async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        if self.remote is not None:
+            return await asyncio.to_thread(fn, *args, **kw)
+        return fn(*args, **kw)
+
+    async def _view(self) -> taskcore.TaskView:
+        view = await self._call(self.ledger.read, self.lease.task_id)
         if (
             view.epoch != self.lease.epoch
             or view.node != self.lease.node
@@ -88,7 +98,7 @@ class TaskRun:
             raise StandDown(f"lease moved: now {view.state} {view.node}@{view.epoch}")
         return view
 
-    def _append(
+    async def _append(
         self,
         view: taskcore.TaskView,
         tr: taskcore.Transition,
@@ -96,7 +106,8 @@ class TaskRun:
         files: dict[str, bytes] | None = None,
     ) -> taskcore.TaskView:
         try:
-            tip = self.ledger.append(
+            tip = await self._call(
+                self.ledger.append,
                 self.lease.task_id,
                 tr,
                 expected_tip=view.tip,
@@ -110,18 +121,18 @@ class TaskRun:
         return taskcore.apply(view, tip, tr)
 
     async def _run(self) -> None:
-        view = self._view()
+        view = await self._view()
         data = self.ledger.spec_bytes(self.lease.task_id)
         spec = specmod.load_spec(data or b"", specmod.SPEC_PATH)
         total = len(spec.steps)
         if view.state == taskcore.PLACED:
-            view = self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
-        repo_path = self.agent.repo_path(self.lease.repo)
+            view = await self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
+        repo_path = self.repo_path
         await asyncio.to_thread(worktree.prepare, repo_path, view.tip, self.wt)
         while True:
             if self.cancel.is_set():
                 raise StandDown(self.why)
-            view = self._view()
+            view = await self._view()
             index = taskcore.next_step(view, total)
             if index is None:
                 return
@@ -194,7 +205,7 @@ class TaskRun:
             )
         rel = f".kovanex/logs/{index + 1}-{step.name}.log"
         capped = runlogs.capped(log_path.read_bytes())
-        view = self._view()
+        view = await self._view()
         trs = taskcore.step_done(
             view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
         )
@@ -202,14 +213,14 @@ class TaskRun:
             (self.wt / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.wt / rel).write_bytes(capped)
             tree = await asyncio.to_thread(worktree.snapshot, self.wt)
-            view = self._append(view, trs[0], tree=tree)
+            view = await self._append(view, trs[0], tree=tree)
             fresh = False
         else:
             # A failed step's file changes are not kept: a retry starts from the last good tree.
-            view = self._append(view, trs[0], files={rel: capped})
+            view = await self._append(view, trs[0], files={rel: capped})
             fresh = True
         for tr in trs[1:]:
-            view = self._append(view, tr)
+            view = await self._append(view, tr)
         return view, fresh
 
     async def _serve(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -23,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capabilities", default="", help="comma-separated capabilities")
     p.add_argument("--runners", type=int, default=2, help="runner slots (default 2)")
     p.add_argument("--bind", default="127.0.0.1:7946", help="gossip HOST:PORT (port 0: pick)")
-    p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT")
+    p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT (0: pick)")
+    p.add_argument("--token", help="cluster token shared by every node (default: a new one)")
     p.add_argument("--join", action="append", default=[], help="peer HOST:PORT to join")
     p.add_argument("--profile", default="lan", help="gossip profile: lan|wan|local|seed")
     p.add_argument("--encrypt", metavar="KEY", help="gossip key (base64, see `kovanex keygen`)")
@@ -42,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+def _free_port(host: str, kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -54,6 +56,9 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     host, port = cfgmod.parse_addr(args.bind)
     if port == 0:
         port = _free_port(host)  # recorded, so restarts keep the address peers know
+    hhost, hport = cfgmod.parse_addr(args.http, 0)
+    if hport == 0:
+        hport = _free_port(hhost, socket.SOCK_STREAM)
     cfg = cfgmod.NodeConfig(
         name=args.name or socket.gethostname().split(".")[0],
         role=args.role,
@@ -63,7 +68,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         gossip_bind=f"{host}:{port}",
         gossip_profile=args.profile,
         join=list(args.join),
-        http_bind=args.http,
+        http_bind=f"{hhost}:{hport}",
         gossip_label=args.cluster_label,
     )
     try:
@@ -73,6 +78,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     for d in (layout.repos, layout.work, layout.logs, layout.run):
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
+    cfgmod.write_token(layout, args.token or secrets.token_hex(16))
     if args.encrypt:
         from kovanex.agent.cluster import keyring_path
         from kovanex.net.keyring import Keyring

@@ -64,10 +64,22 @@ def create_repo(layout: cfgmod.Layout, name: str) -> Path:
 
 
 def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    cfgmod.load(layout)
+    cfg = cfgmod.load(layout)
+    if cfg.role not in ("full", "storage"):
+        raise CliError(
+            f"node {cfg.name} has role {cfg.role}; only FULL and STORAGE nodes own repos. "
+            "Create the repo on a full or storage node"
+        )
     path = create_repo(layout, args.name)
-    print(f"created repo {args.name} with Kovanex hooks")
-    print(str(path))
+    print(f"created repo {args.name} with Kovanex hooks at {path}")
+    try:
+        from kovanex.agent import control
+
+        control.call(layout.control_socket, "repo.created", name=args.name, timeout=5)
+    except Exception:  # noqa: BLE001 - the agent adopts new repos when it starts
+        print("note: the agent is not running; start it to serve this repo over HTTP")
+    print("clone URL (served by the agent; the local path works too):")
+    print(f"{cfgmod.http_url(cfg, cfgmod.read_token(layout))}/git/{args.name}.git")
     return 0
 
 

@@ -1,0 +1,100 @@
+"""Running a task whose repo lives on another node (its owner).
+
+The owner's branch stays the single source of truth: a read fetches the task
+branch into a local cache repo, a write is a commit made locally and pushed to
+the owner as a compare-and-swap (`--force-with-lease`). The owner's pre-receive
+refuses stale epochs, so a runner that was declared dead and came back can
+never overwrite the new holder's work: it re-reads and stands down.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from kovanex.core import task as taskcore
+from kovanex.gitstate import mirror
+from kovanex.gitstate.ledger import TaskLedger, task_ref
+from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.store import CasConflict
+
+
+def ensure_cache(path: Path) -> Path:
+    if not (path / "HEAD").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
+        subprocess.run(["git", "-C", str(path), "config", "gc.auto", "0"], check=True)
+    return path
+
+
+class RemoteLedger:
+    """TaskLedger-compatible view of one task on its owner; methods block (run in a thread)."""
+
+    def __init__(self, cache: Path, owner_url: Callable[[], str], token: str, node: str) -> None:
+        self.cache = ensure_cache(cache)
+        self.owner_url = owner_url
+        self.token = token
+        self.node = node
+        self.store = Pygit2Store(str(self.cache))
+        self.local = TaskLedger(self.store, node=node)
+        self._lock = threading.Lock()  # one git operation on the cache at a time
+
+    def _url(self) -> str:
+        return self.owner_url()
+
+    def _sync(self, task_id: str) -> None:
+        mirror.fetch(self.cache, self._url(), [task_ref(task_id)], token=self.token, force=True)
+
+    def read(self, task_id: str) -> taskcore.TaskView:
+        with self._lock:
+            self._sync(task_id)
+            return self.local.read(task_id)
+
+    def spec_bytes(self, task_id: str) -> bytes | None:
+        return self.local.spec_bytes(task_id)
+
+    def tip(self, task_id: str) -> str | None:
+        return self.local.tip(task_id)
+
+    def append(
+        self,
+        task_id: str,
+        tr: taskcore.Transition,
+        *,
+        expected_tip: str,
+        lease_epoch: int,
+        tree: str | None = None,
+        files: dict[str, bytes] | None = None,
+        body: str = "",
+    ) -> str:
+        with self._lock:
+            new = self.local.append(
+                task_id,
+                tr,
+                expected_tip=expected_tip,
+                lease_epoch=lease_epoch,
+                tree=tree,
+                files=files,
+                body=body,
+            )
+            ref = task_ref(task_id)
+            res = mirror.push_lease(
+                self.cache, self._url(), ref, new, expected_tip, token=self.token
+            )
+            if res.ok:
+                return new
+            # A new owner that took over from a lagging replica may hold an older tip of
+            # our own lease; a fast-forward from there is still our history, so push again.
+            remote = mirror.ls_remote(self._url(), self.token).get(ref)
+            if remote and remote != expected_tip and self.store.repo.descendant_of(new, remote):
+                self._sync(task_id)
+                view = self.local.read(task_id)
+                if view.node == self.node and view.epoch == lease_epoch:
+                    again = mirror.push_lease(
+                        self.cache, self._url(), ref, new, remote, token=self.token
+                    )
+                    if again.ok:
+                        return new
+            raise CasConflict(ref, expected_tip, remote or f"refused: {res.message.strip()}")
