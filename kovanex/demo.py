@@ -70,6 +70,7 @@ def single_node(tmp: Path) -> None:
     kx("agent", "--detach", data=n1)
     say("2. a repo with Kovanex hooks")
     url = kx("repo", "create", "demo", data=n1).strip().splitlines()[-1]
+    print(f"   (clone URL, token included: {url.split('@')[0][:12]}...@{url.split('@')[-1]})")
     clone = tmp / "demo"
     run(["git", "clone", "-q", url, str(clone)])
     say("3. a two-step task, pushed as a branch")
@@ -109,12 +110,9 @@ def main() -> int:
     try:
         nodes.append(tmp / "n1")
         single_node(tmp)
-        try:
-            from kovanex import demo_cluster
-        except ImportError:
-            demo_cluster = None
-        if demo_cluster is not None:
-            demo_cluster.run(tmp, nodes)
+        from kovanex import demo_cluster
+
+        demo_cluster.run_story(tmp, nodes)
         say("done: everything above lives in git; cleaning up " + str(tmp))
         return 0
     finally:

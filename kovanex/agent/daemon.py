@@ -559,10 +559,14 @@ class Agent:
                 self.push_opts.setdefault((repo, tid, u.new), options)
                 await self.reconcile_task(repo, tid)
                 view = self.ledger(repo).read(tid)
-                what = "skipped (push option skip)" if view.state == "submitted" else view.state
+                if view.state == "submitted":
+                    what = "skipped (push option skip)"
+                elif view.node:
+                    what = f"{view.state} on {view.node}"
+                else:
+                    what = f"{view.state} on {self.node}"
                 msgs.append(
-                    f"kovanex: task {tid} {what} on {self.node}; "
-                    f"follow it: kovanex task logs {tid} --follow"
+                    f"kovanex: task {tid} {what}; follow it: kovanex task logs {tid} --follow"
                 )
             self._on_ref_change(repo)
             return True, msgs
