@@ -78,3 +78,60 @@ run = "if [ -e {go} ]; then cat first.txt; else echo $$ > {pidf}; sleep 300; fi"
     first = git("show", "task/mn-1:first.txt", cwd=owner.repo("demo")).stdout.strip()
     assert first == f"made-on-{holder_name}"
     fsck(owner.repo("demo"))
+
+
+@pytest.mark.slow
+def test_paused_runner_comes_back_and_its_stale_write_is_refused(tmp_path: Path) -> None:
+    pidf, go, release = tmp_path / "pid", tmp_path / "go", tmp_path / "release"
+    spec = f"""
+[placement]
+labels = {{ pool = "b" }}
+[[steps]]
+name = "work"
+run = "if [ -e {go} ]; then echo fresh; else echo $$ > {pidf}; while [ ! -e {release} ]; do sleep 0.05; done; echo late > late.txt; fi"
+"""
+    nodes = cluster(tmp_path, {"n1": "a", "n2": "b", "n3": "b"})
+    owner = nodes[0]
+    try:
+        wait_for(lambda: len(owner.kx("members").stdout.splitlines()) == 4, 30, "3 members")
+        clone = clone_with_task(owner, "demo", tmp_path / "c", "st-1", spec)
+        git("push", "origin", "task/st-1", cwd=clone)
+        wait_for(lambda: pidf.exists() and pidf.read_text().strip(), 30, "step running")
+        first = owner.show("st-1")
+        holder = next(n for n in nodes if n.name == first["node"])
+        assert holder.proc is not None
+        holder.proc.send_signal(signal.SIGSTOP)  # frozen, not crashed: its port still accepts
+        go.write_text("go")
+        wait_for(lambda: owner.show("st-1")["state"] == "succeeded", 60, "moved and finished")
+        done = owner.show("st-1")
+        assert done["node"] != holder.name and done["epoch"] > first["epoch"]
+        tip = git("rev-parse", "task/st-1", cwd=owner.repo("demo")).stdout.strip()
+        release.write_text("go")  # the old step finishes now ...
+        holder.proc.send_signal(signal.SIGCONT)  # ... and its agent wakes up and tries to write
+        wait_for(lambda: "stood down" in holder.log(), 30, "the stale runner to stand down")
+        # it re-read (or had its write refused) and stood down without writing anything
+        assert "lease moved" in holder.log() or "write refused" in holder.log()
+        assert git("rev-parse", "task/st-1", cwd=owner.repo("demo")).stdout.strip() == tip
+        # a write under the old epoch is refused by the owner's pre-receive, even as a
+        # fast-forward: fencing does not depend on the runner noticing
+        git("fetch", "-q", "origin", cwd=clone)
+        git("checkout", "-q", "-B", "stale", "origin/task/st-1", cwd=clone)
+        msg = (
+            "kovanex: running st-1\n\nKovanex-Task: st-1\nKovanex-State: running\n"
+            f"Kovanex-Epoch: {first['epoch']}\nKovanex-Node: {holder.name}\n"
+        )
+        git("commit", "-q", "--allow-empty", "-m", msg, cwd=clone)
+        p = git("push", "origin", "stale:task/st-1", cwd=clone, check=False)
+        assert p.returncode != 0 and "stale epoch" in p.stderr, p.stderr
+        assert (
+            git(
+                "cat-file", "-e", "task/st-1:late.txt", cwd=owner.repo("demo"), check=False
+            ).returncode
+            != 0
+        )
+        fsck(owner.repo("demo"))
+    finally:
+        for n in nodes:
+            if n.proc is not None:
+                n.proc.send_signal(signal.SIGCONT)
+            n.stop()

@@ -274,6 +274,7 @@ class Agent:
             asyncio.create_task(self._dispatcher()),
             asyncio.create_task(self._gossip_refresher()),
             asyncio.create_task(self.health.run(self.stop_event)),
+            asyncio.create_task(self._lease_guard()),
         ]
         log.info("agent %s ready (hook port %d)", self.node, self.hooks.port)
         if on_ready:
@@ -353,6 +354,41 @@ class Agent:
         self._on_ref_change(run.lease.repo)
 
     # -- reconcile ---------------------------------------------------------------------
+    async def _lease_guard(self) -> None:
+        """Confirm a suspect lease holder's crash early: on loopback or a LAN, a refused
+        TCP connect to its HTTP port means no agent is listening. A timeout (partition,
+        pause) proves nothing, so those wait for SWIM's dead; epochs fence either way."""
+        confirmed: set[tuple[str, int]] = set()
+        while True:
+            await asyncio.sleep(0.2)
+            if self.cluster is None:
+                continue
+            for m in self.cluster.node.members():
+                if m.status != "suspect" or m.name == self.node:
+                    continue
+                token = (m.name, m.incarnation)
+                http = (m.meta or {}).get("http", "")
+                if token in confirmed or not http.startswith("http://"):
+                    continue
+                host, _, port = http[len("http://") :].rpartition(":")
+                try:
+                    _r, w = await asyncio.wait_for(
+                        asyncio.open_connection(host, int(port)), timeout=0.3
+                    )
+                    w.close()
+                    continue  # something answers: let SWIM decide
+                except ConnectionRefusedError:
+                    confirmed.add(token)
+                    log.info(
+                        "suspect %s refuses connections on %s: its agent is gone", m.name, http
+                    )
+                    self.cluster.record(
+                        "lease-guard", {"member": m.name, "msg": "connection refused"}
+                    )
+                    await self.requeue_held_by(m.name)
+                except (OSError, TimeoutError, ValueError):
+                    continue
+
     async def _fence_dead_holders(self) -> None:
         """Backstop for a missed member-failed event: requeue leases of dead/left nodes."""
         dead = set()
