@@ -99,6 +99,17 @@ class Cluster:
         return sum(m["status"] == "alive" for m in ms)
 
 
+def kill_and_time(c: Cluster, starts: Path) -> float:
+    """kill -9 the step's holder; seconds until the step starts on the other node."""
+    wait(lambda: any(starts.iterdir()), 60)
+    holder = next(starts.iterdir()).name
+    marker = starts / ("y" if holder == "x" else "x")
+    killed = time.time()
+    c.kill9(holder)
+    wait(lambda: marker.exists() and marker.read_text().strip(), 90)
+    return float(marker.read_text()) - killed
+
+
 def resume_trials(root: Path, trials: int) -> list[float]:
     out = []
     for t in range(trials):
@@ -128,13 +139,9 @@ def resume_trials(root: Path, trials: int) -> list[float]:
                 "HEAD:refs/heads/task/r",
                 cwd=work,
             )
-            wait(lambda: any(starts.iterdir()), 60)
-            holder = next(starts.iterdir()).name
+            out.append(kill_and_time(c, starts))
+            holder = next(p for p in ("x", "y") if c.procs[p].poll() is not None)
             other = "y" if holder == "x" else "x"
-            killed = time.time()
-            c.kill9(holder)
-            wait(lambda: (starts / other).exists() and (starts / other).read_text().strip(), 90)
-            out.append(float((starts / other).read_text()) - killed)
             for f in (base / holder / "run" / "steps").glob("*.json"):
                 try:
                     os.killpg(json.loads(f.read_text())["pid"], signal.SIGKILL)
