@@ -418,3 +418,21 @@ def test_a_wakeup_that_fires_early_is_re_armed() -> None:
     (t,) = [e for e in a.start(0.0) if isinstance(e, SetTimer)]
     again = [e for e in a.tick(t.at - 1e-6) if isinstance(e, SetTimer)]
     assert again == [SetTimer("gossip", t.at)]
+
+
+def test_taking_from_a_huge_queue_into_a_full_packet_is_bounded() -> None:
+    q = BroadcastQueue()
+    for i in range(20_000):
+        q.queue(f"m{i}", 60, f"k{i}")
+    calls = 0
+    orig = q._items.__getitem__
+
+    class Counting(dict):
+        def __getitem__(self, k):
+            nonlocal calls
+            calls += 1
+            return orig(k)
+
+    q._items = Counting(q._items)
+    msgs, used = q.take(100, limit=5)
+    assert len(msgs) == 1 and calls <= 20

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_MISSES = 16
+
 
 def retransmit_limit(mult: int, n: int) -> int:
     """mult × ceil(log10(n + 1)): enough copies to reach n nodes with high probability."""
@@ -73,12 +75,14 @@ class BroadcastQueue:
         out: list[Any] = []
         used = 0
         taken: list[_Item] = []
+        misses = 0
         for key in self._order:
-            if budget - used <= overhead:
+            if budget - used <= overhead or misses >= MAX_MISSES:
                 break
             item = self._items[key]
             cost = item.size + overhead
             if cost > budget - used:
+                misses += 1  # bounded: a full packet must not walk a 10k-item queue (#243)
                 continue
             used += cost
             out.append(item.msg)
