@@ -321,7 +321,7 @@ def main() -> None:
     print("\n## Bandwidth at LAN defaults (+ a health record per node every 5 s)\n")
     rows = []
     for n in (100,) if q else (100, 1000):
-        b = bandwidth(n, 1, 35.0 if n == 1000 else 65.0)
+        b = bandwidth(n, 1, 20.0 if n == 1000 else 65.0)
         rows.append(
             [
                 n,
