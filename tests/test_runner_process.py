@@ -354,9 +354,52 @@ def test_no_pidfd_or_thread_leaks_over_many_steps(tmp_path: Path) -> None:
             )
             assert out.result == "ok"
 
+    def others() -> set[str]:
+        return {t.name for t in threading.enumerate() if not t.name.startswith("kovanex-spawn")}
+
+    uvloop.run(many())  # warm-up: the spawn pool's threads are created once
     fds = len(os.listdir("/proc/self/fd"))
-    threads = threading.active_count()
+    before = others()
     uvloop.run(many())
     asyncio.run(many())
     assert len(os.listdir("/proc/self/fd")) <= fds
-    assert threading.active_count() <= threads
+    assert others() <= before
+    assert len(threading.enumerate()) - len(others()) <= 4  # the bounded spawn pool
+
+
+def test_cancel_while_the_spawn_is_in_flight_kills_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawning happens in a worker thread; a cancel landing meanwhile must not orphan it."""
+    entered, gate = threading.Event(), threading.Event()
+    spawned: list[subprocess.Popen] = []  # type: ignore[type-arg]
+
+    class HeldPopen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: object, **kw: object) -> None:
+            entered.set()
+            gate.wait(30)
+            super().__init__(*args, **kw)  # type: ignore[arg-type]
+            spawned.append(self)
+
+    monkeypatch.setattr(process.subprocess, "Popen", HeldPopen)
+
+    async def main() -> None:
+        step = asyncio.create_task(
+            run_step(
+                "sleep 300",
+                cwd=tmp_path,
+                env=env_for(tmp_path),
+                timeout_s=60,
+                log_path=tmp_path / "log",
+            )
+        )
+        assert await asyncio.to_thread(entered.wait, 30)
+        step.cancel()
+        await asyncio.sleep(0)  # let the cancel land before the spawn completes
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+
+    uvloop.run(main())
+    assert len(spawned) == 1
+    assert spawned[0].returncode == -signal.SIGKILL

@@ -16,8 +16,10 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,23 +157,37 @@ async def _spawn(
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
     argv, preexec = applied.argv(command)
     if fast and _PIDFD:
-        popen = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
+
+        def start() -> tuple[subprocess.Popen[bytes], int]:
+            popen = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+            try:
+                return popen, os.pidfd_open(popen.pid)
+            except OSError:
+                # Probed at import, so this is an fd shortage: never leave a child untracked.
+                _kill_and_reap(popen)
+                raise
+
+        # Popen returns only once the child has exec'd; on a busy host that is
+        # milliseconds of waiting for the child to be scheduled. In a worker thread
+        # the event loop (every other task's steps and ledger writes) goes on meanwhile.
+        started = asyncio.get_running_loop().run_in_executor(_spawner(), start)
         try:
-            pidfd = os.pidfd_open(popen.pid)
-        except OSError:
-            # Probed at import, so this is an fd shortage: never leave a child untracked.
-            with contextlib.suppress(OSError):
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
+            popen, pidfd = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # Cancelled mid-spawn: the child may exist already; it must not outlive us.
+            with contextlib.suppress(BaseException):
+                popen, pidfd = await started
+                os.close(pidfd)
+                _kill_and_reap(popen)
             raise
         return _Child(popen, pidfd)
     return await asyncio.create_subprocess_exec(
@@ -187,6 +203,23 @@ async def _spawn(
 
 
 _Proc = _Child | asyncio.subprocess.Process
+_spawn_pool: ThreadPoolExecutor | None = None
+_spawn_pool_lock = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """Own threads for spawning, so long worktree jobs in the default pool never delay a step."""
+    global _spawn_pool
+    with _spawn_pool_lock:
+        if _spawn_pool is None:
+            _spawn_pool = ThreadPoolExecutor(4, thread_name_prefix="kovanex-spawn")
+        return _spawn_pool
+
+
+def _kill_and_reap(popen: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()
 
 
 def _pidfd_works() -> bool:
