@@ -436,3 +436,18 @@ def test_taking_from_a_huge_queue_into_a_full_packet_is_bounded() -> None:
     q._items = Counting(q._items)
     msgs, used = q.take(100, limit=5)
     assert len(msgs) == 1 and calls <= 20
+
+
+def test_a_failed_probe_of_a_suspect_is_an_independent_confirmation() -> None:
+    a = core(indirect_checks=0)
+    others = [MemberState(f"m{i}", ("m", i + 1), 0, ALIVE, {}) for i in range(10)]
+    a.preload(0.0, [MemberState("b", B, 0, ALIVE, {}), *others])
+    a.handle(0.0, Received(C, (Suspect("b", 0, "c"),)))
+    s = a.members["b"].suspicion
+    assert s is not None and s.confirmations == 0
+    before = s.deadline()
+    t = 0.0
+    while s.confirmations == 0 and t < 30:
+        t += 0.1
+        a.tick(t)  # b never answers: our own failed probe confirms the suspicion
+    assert s.confirmations == 1 and s.deadline() < before

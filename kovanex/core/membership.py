@@ -146,7 +146,7 @@ class Membership:
         p = self.p
         self._at(now + self.rng.uniform(0, p.probe_interval), "probe")
         self._at(now + self.rng.uniform(0, p.gossip_interval), "gossip")
-        self._at(now + self.rng.uniform(0.5, 1.0) * p.push_pull_interval, "pushpull")
+        self._at(now + self.rng.uniform(0.5, 1.0) * self._push_pull_every(), "pushpull")
         self._at(now + self._reap_every(), "reap")
         self._at(now + self.rng.uniform(0.5, 1.0) * p.reconnect_interval, "reconnect")
         return self._finish([])
@@ -393,7 +393,8 @@ class Membership:
         self.counters.failed_probes += 1
         self.awareness.apply_delta(nack_delta(pr.expected_nacks, pr.nacks))
         m = self.members.get(pr.target)
-        if m is not None and m.status == ALIVE:
+        if m is not None and m.status in (ALIVE, SUSPECT):
+            # On a member already suspected this is an independent confirmation (Lifeguard).
             self._on_suspect(now, Suspect(m.name, m.incarnation, self.name), fx)
 
     def _nack_after(self) -> float:
@@ -417,10 +418,14 @@ class Membership:
                 break
             fx.append(Send(m.addr, tuple(msgs)))
 
-    def _t_pushpull(self, now: float, _: Any, fx: list[Effect]) -> None:
+    def _push_pull_every(self) -> float:
+        """memberlist's pushPullScale: full syncs get rarer beyond 32 members."""
         n = self._live
         scale = 1 if n <= 32 else math.ceil(math.log2(n) - math.log2(32)) + 1
-        self._at(now + self.p.push_pull_interval * scale, "pushpull")
+        return self.p.push_pull_interval * scale
+
+    def _t_pushpull(self, now: float, _: Any, fx: list[Effect]) -> None:
+        self._at(now + self._push_pull_every(), "pushpull")
         if self.leaving:
             return
         for m in self._pick(1, live_only=True):
