@@ -68,7 +68,9 @@ class Agent:
         self.stop_event = asyncio.Event()
         self.started = time.time()
         self.extra_ops: dict[str, Callable[[dict[str, Any]], Any]] = {}
-        self._dirty: set[str] = set()
+        # repo -> task ids whose refs moved (None: scan the whole repo, e.g. packed-refs)
+        self._dirty: dict[str, set[str] | None] = {}
+        self._repos: list[str] | None = None
         self.leaving = False
         self._kick: asyncio.Event | None = None
         self.health: Any = None
@@ -89,9 +91,17 @@ class Agent:
         return self.layout.repo(repo)
 
     def repos(self) -> list[str]:
+        """Cached: a glob per wake-up showed up in profiles; refresh_repos() on changes."""
+        if self._repos is None:
+            self.refresh_repos()
+        return list(self._repos or [])
+
+    def refresh_repos(self) -> list[str]:
         if not self.layout.repos.exists():
-            return []
-        return sorted(p.name[:-4] for p in self.layout.repos.glob("*.git") if p.is_dir())
+            self._repos = []
+        else:
+            self._repos = sorted(p.name[:-4] for p in self.layout.repos.glob("*.git") if p.is_dir())
+        return list(self._repos)
 
     def ledger(self, repo: str) -> TaskLedger:
         led = self.ledgers.get(repo)
@@ -307,7 +317,7 @@ class Agent:
         while True:
             await asyncio.sleep(SWEEP_S)
             try:
-                for repo in self.repos():
+                for repo in self.refresh_repos():
                     self.watcher.watch(self.repo_path(repo))
                 for repo in self.owned_repos():
                     await self.reconcile_repo(repo)
@@ -336,22 +346,35 @@ class Agent:
         while True:
             await self._kick.wait()
             self._kick.clear()
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty, {}
             owned = set(self.owned_repos())
-            for repo in sorted(dirty):
-                if repo in owned:
+            for repo, tasks in sorted(dirty.items()):
+                if repo not in owned:
+                    continue
+                if tasks is None:
                     await self.reconcile_repo(repo)
+                    continue
+                for task_id in sorted(tasks):
+                    tip = self.ledger(repo).tip(task_id)
+                    if tip is not None and tip != self.tips.get((repo, task_id)):
+                        await self.reconcile_task(repo, task_id)
             await self.schedule_pending()
 
-    def _on_ref_change(self, repo: str) -> None:
-        self._dirty.add(repo)
+    def _on_ref_change(self, repo: str, task_id: str | None = None) -> None:
+        """Note a moved ref; a known task id avoids re-listing every task of the repo."""
+        if task_id is None:
+            self._dirty[repo] = None
+        elif repo not in self._dirty:
+            self._dirty[repo] = {task_id}
+        elif self._dirty[repo] is not None:
+            self._dirty[repo].add(task_id)  # type: ignore[union-attr]
         if self._kick is not None:
             self._kick.set()
 
     def run_finished(self, run: TaskRun) -> None:
         self.runs.pop(run.key, None)
         self.slots.release()
-        self._on_ref_change(run.lease.repo)
+        self._on_ref_change(run.lease.repo, run.lease.task_id)
 
     # -- reconcile ---------------------------------------------------------------------
     async def _lease_guard(self) -> None:
@@ -586,6 +609,10 @@ class Agent:
                         self.push_opts[(repo, tid, u.new)] = options
             return verdict.ok, verdict.messages
         if req.phase == "post-receive":
+            # Answer at once (the pusher is waiting); queueing and placement follow on the
+            # event loop. Push options were recorded at pre-receive.
+            if repo not in self.repos():
+                self.refresh_repos()
             self.watcher.watch(self.repo_path(repo))
             msgs = []
             for u in updates:
@@ -593,18 +620,12 @@ class Agent:
                 if tid is None or u.new == ZERO:
                     continue
                 self.push_opts.setdefault((repo, tid, u.new), options)
-                await self.reconcile_task(repo, tid)
-                view = self.ledger(repo).read(tid)
-                if view.state == "submitted":
-                    what = "skipped (push option skip)"
-                elif view.node:
-                    what = f"{view.state} on {view.node}"
-                else:
-                    what = f"{view.state} on {self.node}"
+                self._on_ref_change(repo, tid)
+                what = "skipped (push option skip)" if options.skip else "accepted"
                 msgs.append(
-                    f"kovanex: task {tid} {what}; follow it: kovanex task logs {tid} --follow"
+                    f"kovanex: task {tid} {what} by {self.node}; "
+                    f"follow it: kovanex task logs {tid} --follow"
                 )
-            self._on_ref_change(repo)
             return True, msgs
         return False, [f"kovanex: unknown hook phase {req.phase!r}"]
 
@@ -623,6 +644,7 @@ class Agent:
                 "hook_port": self.hooks.port,
             }
         if op == "repo.created":
+            self.refresh_repos()
             self.watcher.watch(self.repo_path(args["name"]))
             self._on_ref_change(args["name"])
             return {"url": f"{self.http_url()}/git/{args['name']}.git"}

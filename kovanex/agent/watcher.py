@@ -10,14 +10,31 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
 WRITE_EVENTS = frozenset({"created", "modified", "moved", "deleted", "closed"})
+WRITE_FILTER = [
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileDeletedEvent,
+    FileClosedEvent,
+    DirCreatedEvent,
+]
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, repos_dir: Path, notify: Callable[[str], None]) -> None:
+    def __init__(self, repos_dir: Path, notify: Callable[[str, str | None], None]) -> None:
         self.repos_dir = repos_dir
         self.notify = notify
 
@@ -43,14 +60,17 @@ class _Handler(FileSystemEventHandler):
 
 class RefWatcher:
     def __init__(
-        self, repos_dir: Path, loop: asyncio.AbstractEventLoop, on_change: Callable[[str], None]
+        self,
+        repos_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+        on_change: Callable[[str, str | None], None],
     ) -> None:
         self.repos_dir = repos_dir
         self.observer = Observer()
         self._watched: set[str] = set()
 
-        def notify(repo: str) -> None:
-            loop.call_soon_threadsafe(on_change, repo)
+        def notify(repo: str, task: str | None) -> None:
+            loop.call_soon_threadsafe(on_change, repo, task)
 
         self.handler = _Handler(repos_dir, notify)
 
@@ -60,8 +80,14 @@ class RefWatcher:
             return
         self._watched.add(str(repo_dir))
         (repo_dir / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
-        self.observer.schedule(self.handler, str(repo_dir / "refs"), recursive=True)
-        self.observer.schedule(self.handler, str(repo_dir), recursive=False)
+        # Only write-side events reach us: our own ref reads would otherwise flood the
+        # watchdog threads with opened/closed_no_write events.
+        self.observer.schedule(
+            self.handler, str(repo_dir / "refs"), recursive=True, event_filter=WRITE_FILTER
+        )
+        self.observer.schedule(
+            self.handler, str(repo_dir), recursive=False, event_filter=WRITE_FILTER
+        )
 
     def start(self) -> None:
         self.observer.start()
