@@ -53,13 +53,14 @@ class Node:
         self.proc: subprocess.Popen | None = None
         kx("init", "--name", name, "--bind", "127.0.0.1:0", *init_args, data=self.data)
 
-    def start(self, *extra: str) -> Node:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> Node:
         log = open(self.data / "agent.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kovanex", "--data", str(self.data), "agent", *extra],
             stdout=log,
             stderr=log,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         wait_for(self.ready, 30, f"agent {self.name} ready")
         return self

@@ -140,7 +140,17 @@ run = "echo try >> {tmp_path / "tries"}; test -e {flag}"
     wait_for(lambda: state(node, "flaky-1") == "succeeded", 30, "retried task to succeed")
 
 
-def test_ref_change_bypassing_hooks_is_noticed(node: Node, tmp_path: Path) -> None:
+def test_ref_change_bypassing_hooks_is_noticed(tmp_path: Path) -> None:
+    # the anti-entropy sweep is pushed out of reach: only the watchdog watcher can notice
+    node = Node(tmp_path, "n1").start(env={"KOVANEX_SWEEP_S": "3600"})
+    try:
+        _bypass_and_wait(node, tmp_path)
+    finally:
+        node.stop()
+    assert "ref watcher event failed" not in node.log()
+
+
+def _bypass_and_wait(node: Node, tmp_path: Path) -> None:
     clone = clone_with_task(node, "demo", tmp_path / "c", "side-1", TWO_STEPS)
     git("push", "--no-verify", "origin", "HEAD:refs/heads/main", cwd=clone)
     oid = git("rev-parse", "HEAD", cwd=clone).stdout.strip()

@@ -46,7 +46,9 @@ from kovanex.runner import RunnerSlots
 from kovanex.runner.limits import reap_stale
 
 log = logging.getLogger("kovanex.agent")
-SWEEP_S = 5.0
+# Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
+# watcher alone notices ref writes that bypass the hooks).
+SWEEP_S = float(os.environ.get("KOVANEX_SWEEP_S", "5.0"))
 
 Key = tuple[str, str]
 

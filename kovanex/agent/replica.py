@@ -32,7 +32,7 @@ import subprocess
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kovanex.core.replication import (
     LEVELS,
@@ -56,6 +56,7 @@ from kovanex.gitstate.store import StaleEpoch
 from kovanex.net.gossip import MEMBER_EVENTS, GossipNode, MemberInfo
 
 log = logging.getLogger("kovanex.replica")
+T = TypeVar("T")
 
 LOST = "refs/kovanex/lost/"
 TASK_PREFIX = "refs/heads/task/"
@@ -163,13 +164,15 @@ class ReplicaManager:
         self._local_refs: dict[str, dict[str, str]] = {}  # replica: refs after the last fetch
         self._dirty: set[str] = set()
         self._fetchers: dict[str, asyncio.Task[None]] = {}
-        self._announced: dict[str, dict[str, str]] = {}  # owner: ref -> oid last announced
+        # owner: ref -> (oid, time) last announced; covers moves the snapshot has not read yet
+        self._announced: dict[str, dict[str, tuple[str, float]]] = {}
         # owner: (time the state began, digest, mirrored refs); newest last
         self._history: dict[str, collections.deque[tuple[float, str, dict[str, str]]]] = {}
         self._acked: dict[str, str] = {}  # replica: last ack digest published per repo
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unsub: list[Callable[[], None]] = []
         self._started = False
+        self._inflight = 0
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.fetches: collections.Counter[str] = collections.Counter()  # per repo, for tests
 
@@ -181,7 +184,7 @@ class ReplicaManager:
         self._started = True
         announced = self._gossip_owners()  # what gossip told us before we subscribed
         for repo in self.local_repos():
-            own = await asyncio.to_thread(self._read_ownership, repo)
+            own = await self._thread(self._read_ownership, repo)
             ann = announced.get(repo)
             if own is None:
                 if ann is not None and ann.owner != self.node:
@@ -204,8 +207,9 @@ class ReplicaManager:
         self._spawn(self._loop(self.anti_entropy_s, self._anti_entropy))
         self._spawn(self._loop(self.placement_s, self._placement))
 
-    async def stop(self) -> None:
-        """Unsubscribe and cancel our tasks (git children finish on their own)."""
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Unsubscribe, cancel our tasks, and wait (bounded) until no git child of ours
+        runs. Stop this before the HTTP server its git children may be talking to."""
         for u in self._unsub:
             try:
                 u()
@@ -216,6 +220,9 @@ class ReplicaManager:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        deadline = time.monotonic() + timeout
+        while self._inflight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # threads finish their git child; the loop keeps serving
         self._started = False
 
     # -- queries -----------------------------------------------------------------------
@@ -283,7 +290,7 @@ class ReplicaManager:
 
         async def go() -> None:
             async with self._lock(repo):
-                own = await asyncio.to_thread(self._read_ownership, repo)
+                own = await self._thread(self._read_ownership, repo)
                 if own is None:
                     own = await self._claim(repo)
                 self._known[repo] = own
@@ -303,9 +310,9 @@ class ReplicaManager:
         last = self._announced.setdefault(repo, {})
         now = self.clock()
         for ref, oid in sorted(refs.items()):
-            if ref.startswith(STAGING) or not oid or oid == ZERO or last.get(ref) == oid:
+            if ref.startswith(STAGING) or not oid or oid == ZERO or last.get(ref, ("",))[0] == oid:
                 continue
-            last[ref] = oid
+            last[ref] = (oid, now)
             self.gossip.publish(
                 "refs",
                 f"{repo}\t{ref}",
@@ -326,11 +333,11 @@ class ReplicaManager:
                     f"{self.node} does not own {repo}; its owner is {o.owner} "
                     f"(epoch {o.epoch}): run the command there"
                 )
-            cur = await asyncio.to_thread(self._read_ownership, repo)
+            cur = await self._thread(self._read_ownership, repo)
             assert cur is not None
             reps = cur.replicas if level != "none" else ()
             new = Ownership(cur.owner, cur.epoch, reps, level, replicas_wanted)
-            await asyncio.to_thread(self._write_ownership, repo, new, cur)
+            await self._thread(self._write_ownership, repo, new, cur)
             self._known[repo] = new
         self._publish_owner(repo)
         await self._place(repo)
@@ -374,7 +381,7 @@ class ReplicaManager:
             r = _git([*args, url, *specs], token=self.token, env_extra=env, timeout=timeout)
             return name, r.returncode == 0, r.stderr.strip()[-300:]
 
-        results = await asyncio.gather(*(asyncio.to_thread(push, n) for n in targets))
+        results = await asyncio.gather(*(self._thread(push, n) for n in targets))
         acked = [n for n, ok, _ in results if ok]
         if sync_quorum_ok(acked, o.replicas_wanted):
             return True, ""
@@ -469,7 +476,7 @@ class ReplicaManager:
     async def _claim(self, repo: str) -> Ownership:
         own = Ownership(self.node, 1, (), "async", 1)
         try:
-            await asyncio.to_thread(self._write_ownership, repo, own, None)
+            await self._thread(self._write_ownership, repo, own, None)
         except OwnershipConflict as e:
             if e.current is None:
                 raise
@@ -493,7 +500,7 @@ class ReplicaManager:
                 subprocess.run(["git", "--git-dir", str(tmp), "config", key, val], check=True)
             tmp.rename(path)  # appears complete or not at all (the agent globs *.git)
 
-        await asyncio.to_thread(init)
+        await self._thread(init)
         self.install_hooks(path)
         log.info("%s: replica of %s created at %s", repo, self._known[repo].owner, path)
         await self._fetch(repo, force=False)
@@ -521,7 +528,7 @@ class ReplicaManager:
                 mirror.fetch(path, url, sorted(res.refused), token=self.token, force=True)
 
         try:
-            await asyncio.to_thread(go)
+            await self._thread(go)
         except MirrorError as e:
             self._error(f"{repo}: resync from {url}: {e}")
             return
@@ -562,16 +569,16 @@ class ReplicaManager:
             }
             if successor(o, live, replica_tips, owner_tips) != self.node:
                 return
-            local = await asyncio.to_thread(self._read_ownership, repo)
+            local = await self._thread(self._read_ownership, repo)
             if local is None or local.owner != o.owner or local.epoch != o.epoch:
                 return  # our record lags what gossip said: the next fetch decides
             new = takeover(local, self.node).new
             try:
-                await asyncio.to_thread(self._write_ownership, repo, new, local)
+                await self._thread(self._write_ownership, repo, new, local)
             except (OwnershipConflict, StaleEpoch) as e:
                 self._error(f"{repo}: takeover lost a race: {e}")
                 return
-            promoted = await asyncio.to_thread(self._promote_staging, repo)
+            promoted = await self._thread(self._promote_staging, repo)
             self._known[repo] = new
             self._local_refs.pop(repo, None)
             log.warning(
@@ -583,7 +590,7 @@ class ReplicaManager:
             )
         await self._snapshot(repo)
         self._publish_owner(repo)
-        refs = await asyncio.to_thread(lambda: _mirrored(_refs(self.path(repo))))
+        refs = await self._thread(lambda: _mirrored(_refs(self.path(repo))))
         self.refs_changed(repo, refs)
         try:
             self.on_owned(repo)
@@ -641,7 +648,7 @@ class ReplicaManager:
             return res
 
         try:
-            res = await asyncio.to_thread(go)
+            res = await self._thread(go)
         except MirrorError as e:
             self._error(f"{repo}: fetch from {url}: {e}")
             return
@@ -662,7 +669,7 @@ class ReplicaManager:
                         _update_ref(path, sref, None, oid)
             return _mirrored(refs), self._read_ownership(repo)
 
-        refs, rec = await asyncio.to_thread(go)
+        refs, rec = await self._thread(go)
         self._local_refs[repo] = refs
         known = self._known.get(repo)
         if rec is not None and (known is None or rec.epoch > known.epoch):
@@ -686,7 +693,7 @@ class ReplicaManager:
     async def _snapshot(self, repo: str) -> None:
         if not self.is_owner(repo):
             return
-        refs = await asyncio.to_thread(lambda: _mirrored(_refs(self.path(repo))))
+        refs = await self._thread(lambda: _mirrored(_refs(self.path(repo))))
         hist = self._history.setdefault(repo, collections.deque(maxlen=HISTORY))
         d = _digest(refs)
         if not hist or hist[-1][1] != d:
@@ -696,12 +703,25 @@ class ReplicaManager:
         if ack is None:
             return {"refs_behind": None, "seconds_behind": None, "exact": False}
         hist = list(self._history.get(repo, ()))
+        if hist:
+            # moves announced after the newest snapshot are part of the owner's state already
+            cur = dict(hist[-1][2])
+            pending = {
+                r: (oid, t)
+                for r, (oid, t) in self._announced.get(repo, {}).items()
+                if t >= hist[-1][0] and cur.get(r) != oid
+            }
+            cur.update({r: oid for r, (oid, _) in pending.items()})
         for i in range(len(hist) - 1, -1, -1):
             if hist[i][1] == ack.get("digest"):
-                cur = hist[-1][2]
                 held = hist[i][2]
                 behind = sum(1 for r, oid in cur.items() if held.get(r) != oid)
-                since = hist[i + 1][0] if i + 1 < len(hist) else now
+                if i + 1 < len(hist):
+                    since = hist[i + 1][0]
+                else:
+                    since = min(
+                        (t for r, (o, t) in pending.items() if held.get(r) != o), default=now
+                    )
                 return {
                     "refs_behind": behind,
                     "seconds_behind": round(max(0.0, now - since), 3),
@@ -741,7 +761,7 @@ class ReplicaManager:
                 continue
             url = self._repo_url(repo, o.owner)
             try:
-                remote = await asyncio.to_thread(mirror.ls_remote, url, self.token)
+                remote = await self._thread(mirror.ls_remote, url, self.token)
             except MirrorError as e:
                 self._error(f"{repo}: ls-remote {url}: {e}")
                 continue
@@ -772,9 +792,9 @@ class ReplicaManager:
             if chosen == o.replicas:
                 return
             new = Ownership(o.owner, o.epoch, chosen, o.level, o.replicas_wanted)
-            cur = await asyncio.to_thread(self._read_ownership, repo)
+            cur = await self._thread(self._read_ownership, repo)
             try:
-                await asyncio.to_thread(self._write_ownership, repo, new, cur)
+                await self._thread(self._write_ownership, repo, new, cur)
             except (OwnershipConflict, StaleEpoch) as e:
                 self._error(f"{repo}: placement: {e}")
                 return
@@ -862,6 +882,16 @@ class ReplicaManager:
 
     def _write_ownership(self, repo: str, new: Ownership, expected: Ownership | None) -> None:
         write_ownership(Pygit2Store(str(self.path(repo))), new, expected, time=int(self.clock()))
+
+    async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """`asyncio.to_thread`, counted: stop() waits for git children to finish, because a
+        cancelled await does not stop the thread (and a git child talking to a server on
+        this loop would hang if the loop went away under it)."""
+        self._inflight += 1
+        try:
+            return await asyncio.to_thread(fn, *args)
+        finally:
+            self._inflight -= 1
 
     def _lock(self, repo: str) -> asyncio.Lock:
         return self._locks.setdefault(repo, asyncio.Lock())

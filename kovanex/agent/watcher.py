@@ -7,6 +7,7 @@ repo name back to the event loop, which re-reads the refs and reconciles.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
+log = logging.getLogger("kovanex.watcher")
 WRITE_EVENTS = frozenset({"created", "modified", "moved", "deleted", "closed"})
 WRITE_FILTER = [
     FileCreatedEvent,
@@ -43,19 +45,28 @@ class _Handler(FileSystemEventHandler):
         # to those would make every reconcile trigger the next one.
         if event.event_type not in WRITE_EVENTS:
             return
+        try:
+            self._handle(event)
+        except Exception:  # noqa: BLE001 - an exception here would kill watchdog's thread
+            log.exception("ref watcher event failed: %r", event)
+
+    def _handle(self, event: FileSystemEvent) -> None:
         for raw in (event.src_path, getattr(event, "dest_path", "")):
             path = str(raw or "")
             if not path or path.endswith(".lock"):
                 continue
-            if (
-                "/refs/heads/task/" in path
-                or "/refs/kovanex/" in path
-                or path.endswith("packed-refs")
-            ):
-                rel = Path(path).relative_to(self.repos_dir)
-                name = rel.parts[0]
-                if name.endswith(".git"):
-                    self.notify(name[:-4])
+            task = None
+            for marker in ("/refs/heads/task/", "/refs/kovanex/skip/"):
+                if marker in path:
+                    task = path.split(marker, 1)[1]
+            if task is None and "/refs/kovanex/" not in path and not path.endswith("packed-refs"):
+                continue
+            try:
+                name = Path(path).relative_to(self.repos_dir).parts[0]
+            except ValueError:
+                continue
+            if name.endswith(".git"):
+                self.notify(name[:-4], task)
 
 
 class RefWatcher:
