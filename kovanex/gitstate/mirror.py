@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STAGING = "refs/kovanex/staging/"
+# Where a `sync` owner pushes quarantined objects before it acknowledges a write. Not under
+# `STAGING + "refs/"`, so a full fetch's --prune (which keeps that subtree equal to the
+# remote) never removes an acknowledged commit a replica holds only there.
+SYNC_STAGING = STAGING + "sync/"
 ZERO = "0" * 40
 TIMEOUT_S = 300.0
 _DROP_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE")
@@ -133,7 +137,7 @@ def fetch(
     )  # fmt: skip
     staged = {
         name[len(STAGING) :]: oid
-        for name, oid in _for_each_ref(local_repo, STAGING).items()
+        for name, oid in _for_each_ref(local_repo, STAGING + "refs/").items()
         if refs is None or name[len(STAGING) :] in refs
     }
     local = _for_each_ref(local_repo, "refs/")
