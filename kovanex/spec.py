@@ -12,7 +12,7 @@ import copy
 import json
 import tomllib
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -212,7 +212,14 @@ def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
 
 
 def load_spec(data: bytes, path: str = SPEC_PATH) -> TaskSpec:
-    """Parse and validate; raise the first SpecError, else return the spec with defaults filled."""
+    """Parse and validate; raise the first SpecError, else return the spec with defaults filled.
+
+    Cached by content: the agent loads the same spec at queue, placement and run time."""
+    return _load_cached(bytes(data), path)
+
+
+@lru_cache(maxsize=1024)
+def _load_cached(data: bytes, path: str) -> TaskSpec:
     errs = validate(data, path)
     if errs:
         raise errs[0]

@@ -87,6 +87,7 @@ class TaskLedger:
         self.store = store
         self.node = node
         self._time = time  # fixed commit time for reproducible oids in tests; None = now
+        self._views: dict[str, TaskView] = {}
         safe = _IDENT_SAFE.sub("-", node) or "node"
         self.author = (f"kovanex {safe}", f"kovanex+{safe}@localhost")
 
@@ -100,9 +101,22 @@ class TaskLedger:
         return self._view_at(task_id, tip)
 
     def _view_at(self, task_id: str, tip: str) -> TaskView:
-        # The epoch is the max over the whole first-parent history, so the walk is complete.
-        commits = [(c.oid, transition_of(c.message)) for c in self.store.walk(tip)]
-        return core.fold(task_id, commits)
+        """Fold the branch; commits are immutable, so a view is cached per tip, and a tip
+        one commit past a cached one is an incremental `apply` instead of a full walk."""
+        hit = self._views.get(task_id)
+        if hit is not None and hit.tip == tip:
+            return hit
+        view: TaskView | None = None
+        if hit is not None:
+            c = self.store.read_commit(tip)
+            if c.parents and c.parents[0] == hit.tip:
+                view = core.apply(hit, tip, transition_of(c.message))
+        if view is None:
+            # The epoch is the max over the whole first-parent history: walk it all.
+            commits = [(c.oid, transition_of(c.message)) for c in self.store.walk(tip)]
+            view = core.fold(task_id, commits)
+        self._views[task_id] = view
+        return view
 
     def spec_bytes(self, task_id: str) -> bytes | None:
         tip = self.tip(task_id)
