@@ -64,6 +64,13 @@ class Cluster:
         for topic in MEMBER_EVENTS:
             self.node.subscribe(topic, self._on_member_event)
         self._last_meta = self.meta()
+        peers = [cfgmod.parse_addr(j) for j in self.agent.cfg.join]
+        if peers:
+            # one synchronous push-pull first, so a returning node learns the current
+            # owners (and their epochs) before it acts on its own stale view
+            if await self.node.join(peers, timeout=2.0) > 0:
+                self.record("agent", {"msg": f"joined via {peers[0][0]}:{peers[0][1]}"})
+                return
         asyncio.create_task(self._retry_join())
 
     async def _retry_join(self) -> None:

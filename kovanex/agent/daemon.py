@@ -27,7 +27,9 @@ from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.remote import RemoteLedger
+from kovanex.agent.replica import ReplicaManager
 from kovanex.agent.watcher import RefWatcher
+from kovanex.cli.repocmd import install_hooks
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
@@ -164,6 +166,27 @@ class Agent:
                     self.pending[key] = (tip, self._priority(key))
         self._on_ref_change("")
 
+    def _on_owned(self, repo: str) -> None:
+        """We took over a repo (its owner failed): adopt its tasks under our ownership."""
+        self.refresh_repos()
+        self.watcher.watch(self.repo_path(repo))
+        log.info("took over ownership of %s", repo)
+        if self.cluster is not None:
+            self.cluster.record("ownership", {"repo": repo, "msg": f"{self.node} is now owner"})
+
+        async def adopt() -> None:
+            self.ledgers.pop(repo, None)  # refs were promoted underneath any cached view
+            await self.reconcile_repo(repo, force=True)
+            await self._fence_dead_holders()
+            await self.schedule_pending()
+
+        asyncio.get_running_loop().create_task(adopt())
+
+    def replica_repos(self) -> list[str]:
+        if self.replicas is None:
+            return []
+        return [r for r in self.repos() if self.replicas.is_replica(r)]
+
     def owned_repos(self) -> list[str]:
         if self.replicas is None:
             return self.repos()
@@ -174,11 +197,17 @@ class Agent:
         if self.replicas is not None:
             o = self.replicas.owner_of(repo)
             if o is not None:
-                return f"{o[1]}/git/{repo}.git"
+                return o[1]  # possibly our own URL, after we took the repo over
         a = self.assignments.get(repo)
         if a is None:
             raise LookupError(f"no known owner for repo {repo}")
         return f"{a}/git/{repo}.git"
+
+    def owner_desc(self, repo: str) -> str:
+        o = self.replicas.owner_of(repo) if self.replicas is not None else None
+        if o is None:
+            return "its owner (not yet known to this node; see `kovanex repo status`)"
+        return f"{o[0]} at {o[1]} (ownership epoch {o[2]})"
 
     def _on_assign(self, topic: str, payload: Any) -> None:
         value = getattr(payload, "value", None)
@@ -278,6 +307,16 @@ class Agent:
         self.cluster = Cluster(self)
         await self.cluster.start()
         self.cluster.node.subscribe("assign", self._on_assign)
+        self.replicas = ReplicaManager(
+            node_name=self.node,
+            repos_dir=self.layout.repos,
+            gossip=self.cluster.node,
+            token=self.token,
+            http_url=self.http_url,
+            install_hooks=lambda path: install_hooks(path, self.layout),
+            on_owned=self._on_owned,
+        )
+        await self.replicas.start()
         await self.reconcile_all()
         await self.hooks.start()
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
@@ -305,6 +344,7 @@ class Agent:
                 timeout=10,
             )
         self.watcher.stop()
+        await self.replicas.stop()
         await self.cluster.stop(graceful=self.leaving)
         await self.http.close()
         await self.control.close()
@@ -331,13 +371,13 @@ class Agent:
     async def _gossip_refresher(self) -> None:
         """Keep meta (slots, health) and the repo inventory current on gossip."""
         assert self.cluster is not None
-        last_repos: list[str] | None = None
+        last_repos: tuple[list[str], list[str]] | None = None
         while True:
             self.cluster.refresh()
-            repos = self.repos()
-            if repos != last_repos:
-                self.cluster.publish_repos(repos, [])
-                last_repos = repos
+            inventory = (self.owned_repos(), self.replica_repos())
+            if inventory != last_repos:
+                self.cluster.publish_repos(*inventory)
+                last_repos = inventory
             if self.health is not None:
                 self.cluster.publish_health(self.health.vector(), self.health.score())
             await asyncio.sleep(1.0)
@@ -353,6 +393,8 @@ class Agent:
             for repo, tasks in sorted(dirty.items()):
                 if repo not in owned:
                     continue
+                if self.replicas is not None:
+                    self.replicas.refs_changed(repo)
                 if tasks is None:
                     await self.reconcile_repo(repo)
                     continue
@@ -601,9 +643,17 @@ class Agent:
                 owner_url=lambda: (
                     None
                     if self.replicas is None or self.replicas.is_owner(repo)
-                    else self.owner_url(repo)
+                    else self.owner_desc(repo)
                 ),
             )
+            if verdict.ok and self.replicas is not None and self.replicas.is_owner(repo):
+                # last check: a commit the replicas acked but we then refused could be
+                # promoted by a takeover, so nothing may refuse the push after this
+                ok, why = await self.replicas.replicate_sync(
+                    repo, [(u.old, u.new, u.ref) for u in updates], req.quarantine or None
+                )
+                if not ok:
+                    verdict.reject(f"kovanex: {why}")
             if verdict.ok:
                 for u in updates:
                     tid = task_id_of(u.ref)
@@ -645,8 +695,34 @@ class Agent:
                 "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
                 "hook_port": self.hooks.port,
             }
+        if op == "repo.status":
+            if self.replicas is None or not self.repo_path(args["name"]).exists():
+                raise ControlError(
+                    f"no repo {args['name']} on {self.node}; see `kovanex repo list`"
+                )
+            return self.replicas.status(args["name"])
+        if op == "repo.describe":
+            return self.replicas.describe() if self.replicas is not None else []
+        if op == "repo.replication":
+            if self.replicas is None:
+                raise ControlError("replication is not running yet; try again")
+            try:
+                own = await self.replicas.set_policy(
+                    args["name"], args["level"], int(args.get("replicas", 1))
+                )
+            except ValueError as e:
+                raise ControlError(str(e)) from e
+            return {
+                "owner": own.owner,
+                "epoch": own.epoch,
+                "level": own.level,
+                "replicas_wanted": own.replicas_wanted,
+                "replicas": list(own.replicas),
+            }
         if op == "repo.created":
             self.refresh_repos()
+            if self.replicas is not None:
+                self.replicas.created(args["name"])
             self.watcher.watch(self.repo_path(args["name"]))
             self._on_ref_change(args["name"])
             return {"url": f"{self.http_url()}/git/{args['name']}.git"}

@@ -71,7 +71,8 @@ class Placer:
             mem_used_mb=mem_used,
             runners_total=a.slots.total,
             runners_used=a.slots.used,
-            repos_owned=frozenset(a.repos()),
+            repos_owned=frozenset(a.owned_repos()),
+            repos_replica=frozenset(a.replica_repos()),
         )
 
     def nodes(self) -> list[scoring.NodeInfo]:

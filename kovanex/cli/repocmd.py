@@ -25,6 +25,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = rs.add_parser("list", help="list repos")
     add_format(ls)
     ls.set_defaults(func=cmd_list)
+    r = rs.add_parser("replication", help="set a repo's replication: none, async or sync")
+    r.add_argument("name")
+    r.add_argument("level", choices=["none", "async", "sync"])
+    r.add_argument("--replicas", type=int, default=1, help="replicas wanted (default 1)")
+    r.set_defaults(func=cmd_replication)
+    st = rs.add_parser("status", help="owner, replication level and each replica's lag")
+    st.add_argument("name")
+    add_format(st)
+    st.set_defaults(func=cmd_status)
     h = rs.add_parser("install-hooks", help="(re)install the hooks into an existing repo")
     h.add_argument("name")
     h.set_defaults(func=cmd_install_hooks)
@@ -104,4 +113,47 @@ def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         emit_json(rows)
     else:
         print(table([(r["name"], r["tasks"], r["url"]) for r in rows], ["REPO", "TASKS", "URL"]))
+    return 0
+
+
+def _agent(layout: cfgmod.Layout, op: str, **args):
+    from kovanex.agent import control
+
+    try:
+        return control.call(layout.control_socket, op, timeout=30, **args)
+    except control.ControlError as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    res = _agent(
+        layout, "repo.replication", name=args.name, level=args.level, replicas=args.replicas
+    )
+    reps = ", ".join(res["replicas"]) or "none yet"
+    print(
+        f"{args.name}: {res['level']} replication, {res['replicas_wanted']} replica(s) wanted "
+        f"(owner {res['owner']}, ownership epoch {res['epoch']}; replicas: {reps})"
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    st = _agent(layout, "repo.status", name=args.name)
+    if args.format == "json":
+        emit_json(st)
+        return 0
+    if not st:
+        raise CliError(f"{args.name} has no ownership record yet; is the agent up to date?")
+    print(
+        f"{args.name}: owner {st['owner']} (epoch {st['owner_epoch']}), {st['level']} "
+        f"replication, {st['wanted']} wanted"
+    )
+    rows = []
+    for name, lag in sorted(st.get("replicas", {}).items()):
+        secs = lag.get("seconds_behind")
+        rows.append((name, lag.get("refs_behind", "?"), "?" if secs is None else f"{secs:.2f}"))
+    if rows:
+        print(table(rows, ["REPLICA", "REFS BEHIND", "SECONDS BEHIND"]))
+    else:
+        print("no replicas")
     return 0
