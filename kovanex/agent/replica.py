@@ -171,6 +171,7 @@ class ReplicaManager:
         self._acked: dict[str, str] = {}  # replica: last ack digest published per repo
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unsub: list[Callable[[], None]] = []
+        self._loops: list[asyncio.Task[None]] = []
         self._started = False
         self._inflight = 0
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
@@ -204,8 +205,13 @@ class ReplicaManager:
             known = self._known.get(repo)
             if known is None or ann.epoch > known.epoch or ann.owner != known.owner:
                 self._spawn(self._on_owner(repo, ann, self._http_of_value(repo)))
-        self._spawn(self._loop(self.anti_entropy_s, self._anti_entropy))
-        self._spawn(self._loop(self.placement_s, self._placement))
+        self._loops = [
+            asyncio.get_running_loop().create_task(self._loop(every, step))
+            for every, step in (
+                (self.anti_entropy_s, self._anti_entropy),
+                (self.placement_s, self._placement),
+            )
+        ]
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Unsubscribe, cancel our tasks, and wait (bounded) until no git child of ours
@@ -216,7 +222,7 @@ class ReplicaManager:
             except ValueError:
                 pass
         self._unsub.clear()
-        tasks = list(self._tasks) + list(self._fetchers.values())
+        tasks = list(self._tasks) + list(self._fetchers.values()) + self._loops
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -248,6 +254,11 @@ class ReplicaManager:
     def is_replica(self, repo: str) -> bool:
         o = self._known.get(repo)
         return o is not None and self.node in o.replicas and self.path(repo).exists()
+
+    def quiet(self) -> bool:
+        """Nothing queued or running besides the periodic loops (tests wait on this)."""
+        busy = any(not t.done() for t in self._fetchers.values())
+        return not busy and not self._dirty and not self._tasks and self._inflight == 0
 
     def status(self, repo: str) -> dict[str, Any]:
         """{owner, owner_epoch, level, wanted, replicas: {name: {refs_behind, seconds_behind,
@@ -301,12 +312,20 @@ class ReplicaManager:
 
         return self._spawn(go())
 
-    def refs_changed(self, repo: str, refs: dict[str, str]) -> asyncio.Task[None]:
+    def refs_changed(self, repo: str, refs: dict[str, str] | None = None) -> asyncio.Task[None]:
         """The owner's refs moved: announce the changed ones now (staging never), and
-        record the new state for lag. Idempotent; a no-op on a non-owner."""
+        record the new state for lag. `refs` may be partial; None reads them all (in a
+        thread). Idempotent; a no-op on a non-owner."""
         o = self._known.get(repo)
         if o is None or o.owner != self.node:
             return self._spawn(asyncio.sleep(0))
+        if refs is None:
+
+            async def read_all() -> None:
+                refs = await self._thread(lambda: _mirrored(_refs(self.path(repo))))
+                await self.refs_changed(repo, refs)
+
+            return self._spawn(read_all())
         last = self._announced.setdefault(repo, {})
         now = self.clock()
         for ref, oid in sorted(refs.items()):
@@ -570,9 +589,11 @@ class ReplicaManager:
             if successor(o, live, replica_tips, owner_tips) != self.node:
                 return
             local = await self._thread(self._read_ownership, repo)
-            if local is None or local.owner != o.owner or local.epoch != o.epoch:
-                return  # our record lags what gossip said: the next fetch decides
-            new = takeover(local, self.node).new
+            if local is not None and (local.epoch > o.epoch or local.owner == self.node):
+                return  # our disk knows better than gossip: let the next pass re-read
+            # the record gossip carried (it may list newer replicas than our meta ref), CAS'd
+            # against what our disk holds
+            new = takeover(o, self.node).new
             try:
                 await self._thread(self._write_ownership, repo, new, local)
             except (OwnershipConflict, StaleEpoch) as e:
@@ -590,8 +611,7 @@ class ReplicaManager:
             )
         await self._snapshot(repo)
         self._publish_owner(repo)
-        refs = await self._thread(lambda: _mirrored(_refs(self.path(repo))))
-        self.refs_changed(repo, refs)
+        self.refs_changed(repo)
         try:
             self.on_owned(repo)
         except Exception as e:  # noqa: BLE001 - the agent's callback must not stop us
