@@ -102,6 +102,16 @@ def test_owner_killed_replica_takes_over_and_old_owner_rejoins_as_replica(
         clone_with_task(owner, "demo", clone, "acked", ONE)
         git("push", "origin", "task/acked", cwd=clone)  # acknowledged under sync
         acked = git("rev-parse", "task/acked", cwd=clone).stdout.strip()
+        # a task mid-step on a pool=b node (n2 or n3) when the owner dies
+        gate, started = tmp_path / "gate", tmp_path / "started"
+        mid = (
+            '[placement]\nlabels = { pool = "b" }\n[[steps]]\nname = "one"\n'
+            'run = "echo one > one.txt"\n[[steps]]\nname = "two"\n'
+            f'run = "touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"\n'
+        )
+        clone_with_task(owner, "demo", clone, "mid", mid)
+        git("push", "origin", "task/mid", cwd=clone)
+        wait_for(started.exists, 30, "task mid in its second step")
         owner.kill9()
         new_owner = wait_for(
             lambda: next(
@@ -121,9 +131,13 @@ def test_owner_killed_replica_takes_over_and_old_owner_rejoins_as_replica(
             "rev-list", "refs/heads/task/acked", cwd=new_owner.repo("demo"), check=False
         ).stdout
         assert acked in history  # no acknowledged commit lost
-        # with one replica left, sync for 2 refuses pushes (correctly); the new owner sets
-        # the policy to what the cluster can give, then accepts pushes and runs tasks
+        # with one replica left, sync for 2 refuses every write (correctly: the running
+        # task's pushes too); the new owner sets the policy to what the cluster can give,
+        # and the running task carries on against the new owner
         new_owner.kx("repo", "replication", "demo", "sync", "--replicas", "1")
+        gate.write_text("go")
+        wait_for(lambda: new_owner.show("mid")["state"] == "succeeded", 60, "mid finished")
+        # the new owner accepts pushes and runs tasks
         clone_with_task(owner, "demo", clone, "after", ONE)
         p = git("push", str(new_owner.repo("demo")), "task/after", cwd=clone, check=False)
         assert p.returncode == 0, p.stderr

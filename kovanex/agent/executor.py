@@ -71,6 +71,8 @@ class TaskRun:
             await self._run()
         except StandDown as e:
             log.info("%s/%s stood down: %s", *self.key, e)
+            if self.remote is not None:
+                await self._hand_back()
         except Exception:
             log.exception("%s/%s: run crashed; it resumes on the next reconcile", *self.key)
         finally:
@@ -82,6 +84,29 @@ class TaskRun:
             except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
                 log.debug("worktree cleanup failed", exc_info=True)
             self.agent.run_finished(self)
+
+    async def _hand_back(self) -> None:
+        """A remote run that stops while its lease is still current (e.g. the owner was
+        unreachable too long) must free the task: nobody else would, as we are alive."""
+        try:
+            view = await self._call(self.ledger.read, self.lease.task_id)
+            if (
+                view.node == self.lease.node
+                and view.epoch == self.lease.epoch
+                and view.state in (taskcore.PLACED, taskcore.RUNNING)
+                and not self.agent.stop_event.is_set()
+            ):
+                tr = taskcore.requeue(view, f"runner {self.lease.node} could not continue")
+                await self._call(
+                    self.ledger.append,
+                    self.lease.task_id,
+                    tr,
+                    expected_tip=view.tip,
+                    lease_epoch=tr.epoch,
+                )
+                log.info("%s/%s handed back to the owner for rescheduling", *self.key)
+        except Exception:  # noqa: BLE001 - the owner's sweep is the backstop
+            log.warning("%s/%s: could not hand the lease back", *self.key, exc_info=True)
 
     async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         if self.remote is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from kovanex.gitstate import mirror
 from kovanex.gitstate.ledger import TaskLedger, task_ref
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict
+
+TAKEOVER_WAIT_S = 30.0  # how long a runner waits for a new owner before giving up
 
 
 def ensure_cache(path: Path) -> Path:
@@ -80,21 +83,37 @@ class RemoteLedger:
                 body=body,
             )
             ref = task_ref(task_id)
-            res = mirror.push_lease(
-                self.cache, self._url(), ref, new, expected_tip, token=self.token
-            )
-            if res.ok:
-                return new
-            # A new owner that took over from a lagging replica may hold an older tip of
-            # our own lease; a fast-forward from there is still our history, so push again.
-            remote = mirror.ls_remote(self._url(), self.token).get(ref)
-            if remote and remote != expected_tip and self.store.repo.descendant_of(new, remote):
-                self._sync(task_id)
-                view = self.local.read(task_id)
-                if view.node == self.node and view.epoch == lease_epoch:
-                    again = mirror.push_lease(
-                        self.cache, self._url(), ref, new, remote, token=self.token
-                    )
-                    if again.ok:
-                        return new
-            raise CasConflict(ref, expected_tip, remote or f"refused: {res.message.strip()}")
+            return self._push(task_id, ref, new, expected_tip, lease_epoch)
+
+    def _push(self, task_id: str, ref: str, new: str, expected: str, lease_epoch: int) -> str:
+        """CAS-push `new` over `expected`. A refusal because the lease moved is final; a
+        transport failure (the owner died and a replica is taking over) is retried against
+        whoever owns the repo now, until TAKEOVER_WAIT_S passes."""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        delay = 0.1
+        last = ""
+        while True:
+            try:
+                res = mirror.push_lease(
+                    self.cache, self._url(), ref, new, expected, token=self.token
+                )
+                if res.ok:
+                    return new
+                last = res.message.strip()
+                remote = mirror.ls_remote(self._url(), self.token).get(ref)
+            except Exception as e:  # noqa: BLE001 - owner unreachable: wait for a takeover
+                remote, last = expected, str(e)
+            if remote != expected:
+                # A new owner that took over from a lagging replica may hold an older tip
+                # of our own lease: a fast-forward from there is still our history.
+                if remote and self.store.repo.descendant_of(new, remote):
+                    self._sync(task_id)
+                    view = self.local.read(task_id)
+                    if view.node == self.node and view.epoch == lease_epoch:
+                        expected = remote
+                        continue
+                raise CasConflict(ref, expected, remote or f"refused: {last}")
+            if time.monotonic() > deadline:
+                raise CasConflict(ref, expected, f"owner unreachable: {last}")
+            time.sleep(delay)  # backoff between attempts while ownership moves
+            delay = min(delay * 2, 2.0)
