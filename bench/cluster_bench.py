@@ -14,36 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import md_table, p50, pct
+from bench.common import kx, md_table, p50, pct, sandbox, sh, wait
 
 PY = sys.executable
-ENV = {
-    "GIT_AUTHOR_NAME": "b",
-    "GIT_AUTHOR_EMAIL": "b@b",
-    "GIT_COMMITTER_NAME": "b",
-    "GIT_COMMITTER_EMAIL": "b@b",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
-
-
-def sh(*cmd: str, cwd: Path | None = None) -> str:
-    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
-
-
-def kx(data: Path, *args: str) -> str:
-    return sh(PY, "-m", "kovanex", "--data", str(data), *args)
-
-
-def wait(cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit("bench: timed out")
-        time.sleep(0.01)
 
 
 class Cluster:
@@ -163,14 +139,101 @@ def resume_trials(root: Path, trials: int) -> list[float]:
     return out
 
 
+def rev(repo: Path, ref: str) -> str | None:
+    p = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "-q", "--verify", ref], capture_output=True, text=True
+    )
+    return p.stdout.strip() or None
+
+
+def replication_figures(root: Path, pushes: int) -> dict[str, list[float]]:
+    """Async lag, sync cost vs none, and owner takeover on one 3-node cluster."""
+    base = root / "repl"
+    base.mkdir()
+    c = Cluster(base, {"o": "a", "x": "b", "y": "b"})
+    out: dict[str, list[float]] = {"lag": [], "none": [], "sync": [], "takeover": []}
+    try:
+        wait(lambda: c.alive_count("o") == 3, 30)
+        o = base / "o"
+        for name in ("alag", "plain", "strict"):
+            kx(o, "repo", "create", name)
+        kx(o, "repo", "replication", "plain", "none", "--replicas", "0")
+        kx(o, "repo", "replication", "alag", "async", "--replicas", "1")
+        kx(o, "repo", "replication", "strict", "sync", "--replicas", "2")
+
+        def replicas_of(repo: str) -> list[str]:
+            st = json.loads(kx(o, "repo", "status", repo, "--format", "json"))
+            return sorted(st.get("replicas", {}))
+
+        wait(lambda: len(replicas_of("alag")) == 1 and len(replicas_of("strict")) == 2, 60)
+        mirror = base / replicas_of("alag")[0] / "repos" / "alag.git"
+        wait(mirror.exists, 30)
+        work = base / "wr"
+        sh("git", "init", "-q", str(work))
+        for i in range(pushes):
+            (work / "f").write_text(str(i))
+            sh("git", "add", "-A", cwd=work)
+            sh("git", "commit", "-q", "-m", f"c{i}", cwd=work)
+            oid = sh("git", "rev-parse", "HEAD", cwd=work).strip()
+            for repo, acc in (("plain", out["none"]), ("strict", out["sync"])):
+                t0 = time.perf_counter()
+                sh(
+                    "git",
+                    "push",
+                    "-q",
+                    str(o / "repos" / f"{repo}.git"),
+                    f"HEAD:refs/heads/b{i}",
+                    cwd=work,
+                )
+                acc.append(time.perf_counter() - t0)
+            sh(
+                "git",
+                "push",
+                "-q",
+                str(o / "repos" / "alag.git"),
+                f"HEAD:refs/heads/b{i}",
+                cwd=work,
+            )
+            t0 = time.perf_counter()
+            wait(lambda i=i, oid=oid: rev(mirror, f"refs/heads/b{i}") == oid, 30)
+            out["lag"].append(time.perf_counter() - t0)
+        # owner takeover: kill -9 the owner; time until a replica accepts a push
+        c.kill9("o")
+        killed = time.perf_counter()
+        (work / "f").write_text("after")
+        sh("git", "add", "-A", cwd=work)
+        sh("git", "commit", "-q", "-m", "after", cwd=work)
+        accepted = False
+        while not accepted and time.perf_counter() - killed < 120:
+            for n in ("x", "y"):
+                p = subprocess.run(
+                    [
+                        "git",
+                        "push",
+                        "-q",
+                        str(base / n / "repos" / "strict.git"),
+                        "HEAD:refs/heads/after",
+                    ],
+                    cwd=work,
+                    capture_output=True,
+                    text=True,
+                )
+                if p.returncode == 0:
+                    accepted = True
+                    break
+            time.sleep(0.05)
+        out["takeover"].append(time.perf_counter() - killed if accepted else float("nan"))
+    finally:
+        c.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--pushes", type=int, default=30)
     a = ap.parse_args()
-    os.environ.update(ENV)
-    root = Path(tempfile.mkdtemp(prefix="kx-cbench-"))
-    os.environ["GIT_CONFIG_GLOBAL"] = str(root / "gitconfig")
-    (root / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    root = sandbox("kx-cbench-")
     res = resume_trials(root, a.trials)
     print(
         md_table(

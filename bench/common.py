@@ -2,8 +2,49 @@
 
 from __future__ import annotations
 
+import os
 import statistics
-from collections.abc import Sequence
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "b",
+    "GIT_AUTHOR_EMAIL": "b@b",
+    "GIT_COMMITTER_NAME": "b",
+    "GIT_COMMITTER_EMAIL": "b@b",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def sandbox(prefix: str) -> Path:
+    """A temp dir with its own git identity and config, so benches need no setup."""
+    os.environ.update(GIT_ENV)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["GIT_CONFIG_GLOBAL"] = str(root / "gitconfig")
+    (root / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    return root
+
+
+def sh(*cmd: str, cwd: Path | None = None) -> str:
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def kx(data: Path, *args: str) -> str:
+    return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
+
+
+def wait(cond: Callable[[], Any], timeout: float = 120.0) -> None:
+    """Poll a condition with a deadline (a bench measures; it never sleeps to sync)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit("bench: timed out waiting")
+        time.sleep(0.005)
 
 
 def pct(xs: Sequence[float], p: float) -> float:

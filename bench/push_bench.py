@@ -11,45 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pygit2
 
-from bench.common import md_table, p50, pct
-
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "b",
-    "GIT_AUTHOR_EMAIL": "b@b",
-    "GIT_COMMITTER_NAME": "b",
-    "GIT_COMMITTER_EMAIL": "b@b",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
-
-
-def sh(*cmd: str, cwd: Path | None = None) -> str:
-    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
-
-
-def kx(data: Path, *args: str) -> str:
-    return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
+from bench.common import kx, md_table, p50, pct, sandbox, sh, wait
 
 
 def show(data: Path, task: str) -> dict:
     return json.loads(kx(data, "task", "show", task, "--format", "json"))
-
-
-def wait(cond, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit("bench: timed out waiting")
-        time.sleep(0.005)
 
 
 def start_agent(data: Path, name: str, runners: int) -> subprocess.Popen:
@@ -164,10 +138,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--runners", type=int, default=4)
     a = ap.parse_args()
-    os.environ.update(GIT_ENV)
-    tmp = Path(tempfile.mkdtemp(prefix="kx-bench-"))
-    os.environ["GIT_CONFIG_GLOBAL"] = str(tmp / "gitconfig")
-    (tmp / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    tmp = sandbox("kx-bench-")
     data = tmp / "n1"
     proc = start_agent(data, "n1", a.runners)
     try:

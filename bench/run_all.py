@@ -1,0 +1,26 @@
+"""`make bench`: every benchmark in one go, each printing its own table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHES = [
+    ["bench.push_bench", "--pushes", "40", "--tasks", "100"],
+    ["bench.runner_bench", "--tasks", "200"],
+    ["bench.placement"],
+    ["bench.cluster_bench", "--trials", "5", "--pushes", "30"],
+    ["bench.gossip_sim"],
+]
+
+
+def main() -> int:
+    rc = 0
+    for args in BENCHES:
+        print(f"\n## python -m {' '.join(args)}\n", flush=True)
+        rc |= subprocess.call([sys.executable, "-m", *args])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
