@@ -6,7 +6,17 @@ import ast
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parent.parent / "kovanex" / "core"
-FORBIDDEN = {"asyncio", "socket", "subprocess", "pygit2", "uvloop", "time", "random", "os", "threading"}
+FORBIDDEN = {
+    "asyncio",
+    "socket",
+    "subprocess",
+    "pygit2",
+    "uvloop",
+    "time",
+    "random",
+    "os",
+    "threading",
+}
 
 
 def test_core_modules_import_no_io() -> None:
