@@ -99,7 +99,11 @@ class Placer:
             "Feasible": str(result.feasible),
         }
         if result.runners_up:
-            extra["Runners-Up"] = ", ".join(f"{n}={s:.3f}" for n, s, _ in result.runners_up)
+            # Nomad-style allocation metrics: why each runner-up lost, factor by factor
+            extra["Runners-Up"] = ", ".join(
+                f"{n}={s:.3f} (" + " ".join(f"{k}={v:.2f}" for k, v in bd.items()) + ")"
+                for n, s, bd in result.runners_up
+            )
         return Decision(node=result.node, reason=result.reason, extra=extra)
 
     place = decide
