@@ -30,6 +30,16 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
 
 
+def process_gone(pid: int) -> bool:
+    """Dead, or a zombie: a killed step orphaned by `kill -9` of its agent is reparented
+    to PID 1, which on this sandbox's init can take seconds to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
 def git(*args: str, cwd: Path | str | None = None, check: bool = True, **kw: Any):
     return subprocess.run(
         ["git", *args], cwd=cwd, check=check, capture_output=True, text=True, **kw

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from tests.agentkit import Node, clone_with_task, fsck, git, trailers_of, wait_for
+from tests.agentkit import (
+    Node,
+    clone_with_task,
+    fsck,
+    git,
+    process_gone,
+    trailers_of,
+    wait_for,
+)
 
 
 def test_kill9_agent_mid_step_resumes_without_rerunning_finished_steps(tmp_path: Path) -> None:
@@ -26,10 +33,11 @@ run = "if [ -e {go} ]; then test -e first.txt && echo resumed; else echo $$ > {p
         wait_for(lambda: pidf.exists() and pidf.read_text().strip(), 20, "step two to start")
         orphan = int(pidf.read_text())
         node.kill9()
-        assert os.path.exists(f"/proc/{orphan}")  # the step outlives the agent...
+        assert not process_gone(orphan)  # the step outlives the agent...
         go.write_text("go")
         node.start()
-        wait_for(lambda: not os.path.exists(f"/proc/{orphan}"), 20, "orphan step killed")
+        wait_for(lambda: process_gone(orphan), 20, "orphan step killed")
+        assert "killed an orphaned step" in node.log()
         wait_for(lambda: node.show("res-1")["state"] == "succeeded", 30, "resumed task")
     finally:
         node.stop()

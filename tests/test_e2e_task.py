@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, fsck, git, trailers_of, wait_for
+from tests.agentkit import Node, clone_with_task, fsck, git, process_gone, trailers_of, wait_for
 
 TWO_STEPS = """
 kind = "job"
@@ -118,7 +117,7 @@ run = "echo $$ > {marker} && sleep 300"
     p = git("push", "-f", "origin", "task/slow-1", cwd=clone, check=False)
     assert p.returncode != 0 and "running on n1" in p.stderr and "kovanex task cancel" in p.stderr
     node.kx("task", "cancel", "slow-1")
-    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 20, "step process to die")
+    wait_for(lambda: process_gone(pid), 20, "step process to die")
     assert state(node, "slow-1") == "cancelled"
     fsck(node.repo("demo"))
 
