@@ -65,15 +65,9 @@ def bench_push(tmp: Path, data: Path, n: int) -> dict:
                 returned = time.time()
                 wait(lambda i=i: (stamp / str(i)).exists() and (stamp / str(i)).read_text(), 30)
                 first_step.append(float((stamp / str(i)).read_text()) - returned)
-                # let the task finish before the next timed push: on 2 cores a running task
-                # would otherwise compete with the push we measure
-                ref = f"refs/heads/task/p{i}"
-                wait(
-                    lambda ref=ref: (
-                        "succeeded" in sh("git", "-C", str(kxrepo), "log", "-1", "--format=%s", ref)
-                    ),
-                    30,
-                )
+                # let the task finish, and the agent finish cleaning up after it, before the
+                # next timed push: on 2 cores a running task competes with the push we time
+                wait(lambda: not json.loads(kx(data, "status", "--format", "json"))["running"], 30)
     return {"plain": plain_t, "kovanex": kx_t, "first_step": first_step}
 
 

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, fsck, git, trailers_of, wait_for
+from tests.agentkit import (
+    Node,
+    clone_with_task,
+    fsck,
+    git,
+    process_gone,
+    trailers_of,
+    wait_for,
+)
 
 TOKEN = "t0ken-for-tests"
 
@@ -57,6 +65,11 @@ run = "if [ -e {go} ]; then cat first.txt; else echo $$ > {pidf}; sleep 300; fi"
         wait_for(lambda: owner.show("mn-1")["state"] == "succeeded", 60, "resumed elsewhere")
         shown = owner.show("mn-1")
         assert shown["node"] not in (holder_name, "n1")
+        # the killed holder comes back: its orphaned step (still sleeping) is killed at once
+        assert not process_gone(orphan)
+        holder.start()
+        wait_for(lambda: process_gone(orphan), 20, "the orphan of the old holder to die")
+        assert "killed an orphaned step" in holder.log()
     finally:
         if orphan:
             try:

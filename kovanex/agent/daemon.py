@@ -51,6 +51,7 @@ log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
 # watcher alone notices ref writes that bypass the hooks).
 SWEEP_S = float(os.environ.get("KOVANEX_SWEEP_S", "5.0"))
+SETTLE_S = 0.02
 
 Key = tuple[str, str]
 
@@ -75,6 +76,7 @@ class Agent:
         # repo -> task ids whose refs moved (None: scan the whole repo, e.g. packed-refs)
         self._dirty: dict[str, set[str] | None] = {}
         self._repos: list[str] | None = None
+        self._announce: set[str] = set()
         self.leaving = False
         self._kick: asyncio.Event | None = None
         self.health: Any = None
@@ -203,6 +205,16 @@ class Agent:
             raise LookupError(f"no known owner for repo {repo}")
         return f"{a}/git/{repo}.git"
 
+    def _http_api(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        """The token-guarded API on the HTTP listener (more verbs come with ClusterService)."""
+        if method == "POST" and path.startswith("/v1/nudge/"):
+            repo = path[len("/v1/nudge/") :]
+            hit = self.replicas is not None and self.replicas.nudged(repo)
+            return (204 if hit else 404), {}, b""
+        return None
+
     def owner_desc(self, repo: str) -> str:
         o = self.replicas.owner_of(repo) if self.replicas is not None else None
         if o is None:
@@ -294,6 +306,12 @@ class Agent:
         self.control = ControlServer(self.layout.control_socket, self._on_control)
         await self.control.start()
         modules.load_modules(self.cfg.modules)  # a bad [[modules]] fails here, clearly
+        # Nothing runs yet, so every step pidfile left behind belongs to an orphan of a
+        # killed agent: local or remote task alike, it must die before anyone resumes it.
+        steps_dir = self.layout.run / "steps"
+        for pidfile in sorted(steps_dir.glob("*.json")) if steps_dir.exists() else []:
+            if kill_orphan(pidfile):
+                log.info("killed an orphaned step from before the restart (%s)", pidfile.stem)
         await reap_stale()  # step cgroups left by a previous agent that was killed
         self.health = HealthService(
             self.layout.root,
@@ -302,7 +320,9 @@ class Agent:
             queue_depth_fn=lambda: len(self.pending),
         )
         host, port = cfgmod.parse_addr(self.cfg.http_bind, 0)
-        self.http = GitHttpServer(self.layout.repos, self.token, bind=(host, port))
+        self.http = GitHttpServer(
+            self.layout.repos, self.token, bind=(host, port), api=self._http_api
+        )
         await self.http.start()
         self.cluster = Cluster(self)
         await self.cluster.start()
@@ -387,14 +407,25 @@ class Agent:
         assert self._kick is not None
         while True:
             await self._kick.wait()
+            # A short settle window: a push's ref move wakes us while git is still
+            # finishing that push; on 2 cores, starting the task at once slows the push
+            # itself. It also coalesces bursts (an atomic push of many branches).
+            await asyncio.sleep(SETTLE_S)
             self._kick.clear()
             dirty, self._dirty = self._dirty, {}
+            announce, self._announce = self._announce, set()
             owned = set(self.owned_repos())
+            if self.replicas is not None:
+                for repo in sorted(announce - set(dirty)):
+                    if repo in owned and self.replicas.has_replicas(repo):
+                        self.replicas.refs_changed(repo)
+                        self.replicas.nudge_replicas(repo)
             for repo, tasks in sorted(dirty.items()):
                 if repo not in owned:
                     continue
-                if self.replicas is not None:
+                if self.replicas is not None and self.replicas.has_replicas(repo):
                     self.replicas.refs_changed(repo)
+                    self.replicas.nudge_replicas(repo)
                 if tasks is None:
                     await self.reconcile_repo(repo)
                     continue
@@ -405,8 +436,11 @@ class Agent:
             await self.schedule_pending()
 
     def _on_ref_change(self, repo: str, task_id: str | None = None) -> None:
-        """Note a moved ref; a known task id avoids re-listing every task of the repo."""
-        if task_id is None:
+        """Note a moved ref; a known task id avoids re-listing every task of the repo, and
+        "" (a non-task ref) only needs announcing to replicas."""
+        if task_id == "":
+            self._announce.add(repo)
+        elif task_id is None:
             self._dirty[repo] = None
         elif repo not in self._dirty:
             self._dirty[repo] = {task_id}

@@ -251,6 +251,44 @@ class ReplicaManager:
         o = self._known.get(repo)
         return o is not None and o.owner == self.node
 
+    def nudged(self, repo: str) -> bool:
+        """An owner told us its refs moved: fetch now rather than at the next gossip tick."""
+        if not self.is_replica(repo) or self.is_owner(repo):
+            return False
+        self._want_fetch(repo)
+        return True
+
+    def nudge_replicas(self, repo: str) -> None:
+        """Owner side: tell each replica directly (one small HTTP request each) that refs
+        moved; gossip announcements and anti-entropy remain the backstop if it is lost."""
+        o = self._known.get(repo)
+        if o is None or o.owner != self.node:
+            return
+        for name in o.replicas:
+            base = self._http(name)
+            if base.startswith("http://"):
+                self._spawn(self._nudge(base, repo))
+
+    async def _nudge(self, base: str, repo: str) -> None:
+        host, _, port = base[len("http://") :].rstrip("/").rpartition(":")
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+            w.write(
+                f"POST /v1/nudge/{repo} HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {self.token}\r\nContent-Length: 0\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            await w.drain()
+            await asyncio.wait_for(r.read(), 2.0)
+            w.close()
+        except (OSError, TimeoutError, ValueError):
+            pass  # the gossip announcement still reaches the replica
+
+    def has_replicas(self, repo: str) -> bool:
+        """Whether announcing ref moves can help anyone (the agent skips the work if not)."""
+        o = self._known.get(repo)
+        return o is not None and bool(o.replicas)
+
     def is_replica(self, repo: str) -> bool:
         o = self._known.get(repo)
         return o is not None and self.node in o.replicas and self.path(repo).exists()

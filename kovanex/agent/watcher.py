@@ -59,8 +59,13 @@ class _Handler(FileSystemEventHandler):
             for marker in ("/refs/heads/task/", "/refs/kovanex/skip/"):
                 if marker in path:
                     task = path.split(marker, 1)[1]
-            if task is None and "/refs/kovanex/" not in path and not path.endswith("packed-refs"):
-                continue
+            if task is None:
+                if "/refs/kovanex/staging/" in path or "/refs/kovanex/lost/" in path:
+                    continue
+                if "/refs/" in path and "/refs/kovanex/" not in path:
+                    task = ""  # a non-task ref (e.g. main): announce to replicas only
+                elif "/refs/kovanex/" not in path and not path.endswith("packed-refs"):
+                    continue
             try:
                 name = Path(path).relative_to(self.repos_dir).parts[0]
             except ValueError:
