@@ -9,6 +9,16 @@ import pytest
 from kovanex.runner import RunnerSlots
 
 
+async def until(cond, timeout: float = 5.0) -> None:
+    """Wait on a condition with a deadline, not on asyncio's scheduling order."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.001)
+
+
 def test_counts_and_fifo_handoff() -> None:
     async def main() -> list[str]:
         slots = RunnerSlots(2)
@@ -22,13 +32,12 @@ def test_counts_and_fifo_handoff() -> None:
                 await release[name].wait()
 
         tasks = [asyncio.create_task(job(n)) for n in "abcd"]
-        await asyncio.sleep(0)  # let every job reach the semaphore
-        await asyncio.sleep(0)
+        await until(lambda: len(order) == 2 and slots.waiting == 2)
         assert (slots.free, slots.used, slots.waiting) == (0, 2, 2)
         assert not slots.try_acquire()
         release["a"].set()
         await tasks[0]
-        await asyncio.sleep(0)
+        await until(lambda: len(order) == 3)
         assert order == ["a", "b", "c"] and slots.used == 2
         for n in "bcd":
             release[n].set()
@@ -44,7 +53,7 @@ def test_cancelled_waiter_takes_no_slot() -> None:
         slots = RunnerSlots(1)
         assert slots.try_acquire()
         waiter = asyncio.create_task(slots.acquire())
-        await asyncio.sleep(0)
+        await until(lambda: slots.waiting == 1)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -53,7 +62,7 @@ def test_cancelled_waiter_takes_no_slot() -> None:
         # A waiter cancelled right after being handed the slot gives it back.
         assert slots.try_acquire()
         waiter = asyncio.create_task(slots.acquire())
-        await asyncio.sleep(0)
+        await until(lambda: slots.waiting == 1)
         slots.release()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
