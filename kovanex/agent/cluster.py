@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import time
@@ -253,7 +252,3 @@ class Cluster:
             self.node.use_key(key)
         elif action == "remove":
             self.node.remove_key(key)
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

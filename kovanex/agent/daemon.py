@@ -21,12 +21,13 @@ from kovanex import config as cfgmod
 from kovanex import modules
 from kovanex import spec as specmod
 from kovanex.agent.cluster import Cluster
-from kovanex.agent.control import ControlError, ControlServer
+from kovanex.agent.control import ControlServer
 from kovanex.agent.executor import Lease, TaskRun, kill_orphan
+from kovanex.agent.failover import Failover
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
+from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import Placer, request_of
-from kovanex.agent.remote import RemoteLedger
 from kovanex.agent.replica import ReplicaManager
 from kovanex.agent.watcher import RefWatcher
 from kovanex.cli.repocmd import install_hooks
@@ -56,7 +57,7 @@ SETTLE_S = 0.02
 Key = tuple[str, str]
 
 
-class Agent:
+class Agent(ControlOps, Failover):
     def __init__(self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig) -> None:
         self.layout = layout
         self.cfg = cfg
@@ -131,43 +132,6 @@ class Agent:
             return []
         return self.cluster.node_infos()
 
-    def on_member_event(self, topic: str, member: Any) -> None:
-        """Membership changed: capacity may have appeared, or a lease holder died."""
-        if topic in ("member-failed", "member-leave"):
-            asyncio.get_running_loop().create_task(self.requeue_held_by(member.name))
-        self._on_ref_change("")
-
-    def member_status(self, name: str) -> str | None:
-        if self.cluster is None:
-            return None
-        for m in self.cluster.node.members():
-            if m.name == name:
-                return m.status
-        return None
-
-    async def requeue_held_by(self, dead: str) -> None:
-        """Every task a failed node held is queued again under a new epoch; the next
-        holder resumes after the last step commit, and the old holder is fenced out."""
-        for repo in self.owned_repos():
-            ledger = self.ledger(repo)
-            for task_id in ledger.list_tasks():
-                key = (repo, task_id)
-                async with self.locks.setdefault(key, asyncio.Lock()):
-                    view = ledger.read(task_id)
-                    if view.node != dead or view.state not in (taskcore.PLACED, taskcore.RUNNING):
-                        continue
-                    tr = taskcore.requeue(view, f"node {dead} failed; rescheduling")
-                    try:
-                        tip = ledger.append(
-                            task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
-                        )
-                    except (CasConflict, StaleEpoch):
-                        continue
-                    log.info("%s/%s requeued: holder %s failed", repo, task_id, dead)
-                    self.tips[key] = tip
-                    self.pending[key] = (tip, self._priority(key))
-        self._on_ref_change("")
-
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""
         self.refresh_repos()
@@ -193,100 +157,6 @@ class Agent:
         if self.replicas is None:
             return self.repos()
         return [r for r in self.repos() if self.replicas.is_owner(r)]
-
-    def owner_url(self, repo: str) -> str:
-        """The owner's git URL for a repo we run tasks of (looked up fresh each time)."""
-        if self.replicas is not None:
-            o = self.replicas.owner_of(repo)
-            if o is not None:
-                return o[1]  # possibly our own URL, after we took the repo over
-        a = self.assignments.get(repo)
-        if a is None:
-            raise LookupError(f"no known owner for repo {repo}")
-        return f"{a}/git/{repo}.git"
-
-    def _http_api(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, dict[str, str], bytes] | None:
-        """The token-guarded API on the HTTP listener (more verbs come with ClusterService)."""
-        if method == "POST" and path.startswith("/v1/nudge/"):
-            repo = path[len("/v1/nudge/") :]
-            hit = self.replicas is not None and self.replicas.nudged(repo)
-            return (204 if hit else 404), {}, b""
-        return None
-
-    def owner_desc(self, repo: str) -> str:
-        o = self.replicas.owner_of(repo) if self.replicas is not None else None
-        if o is None:
-            return "its owner (not yet known to this node; see `kovanex repo status`)"
-        return f"{o[0]} at {o[1]} (ownership epoch {o[2]})"
-
-    def _on_assign(self, topic: str, payload: Any) -> None:
-        value = getattr(payload, "value", None)
-        if not isinstance(value, dict) or value.get("node") != self.node:
-            return
-        self.assignments[value["repo"]] = value["url"]
-        key = (value["repo"], value["task"])
-        if key in self.runs:
-            return
-        asyncio.get_running_loop().create_task(self._start_remote(value))
-
-    async def _start_remote(self, a: dict[str, Any]) -> None:
-        repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
-        key = (repo, task_id)
-        async with self.locks.setdefault(key, asyncio.Lock()):
-            if key in self.runs:
-                return
-            remote = RemoteLedger(
-                self.layout.root / "cache" / f"{repo}.git",
-                lambda: self.owner_url(repo),
-                self.token,
-                self.node,
-            )
-            try:
-                view = await asyncio.to_thread(remote.read, task_id)
-            except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
-                log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
-                return
-            if view.node != self.node or view.epoch != epoch:
-                return
-            if view.state == taskcore.RUNNING:
-                # we held this lease before a restart: hand it back under a new epoch
-                tr = taskcore.requeue(view, f"agent {self.node} restarted; rescheduling")
-                try:
-                    await asyncio.to_thread(
-                        remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
-                    )
-                except (CasConflict, StaleEpoch):
-                    pass
-                return
-            if view.state != taskcore.PLACED or not self.slots.try_acquire():
-                return
-            run = TaskRun(self, Lease(repo, task_id, self.node, epoch), remote=remote)
-            self.runs[key] = run
-            asyncio.create_task(run.run())
-            asyncio.create_task(self._watch_remote(run, remote))
-
-    async def _watch_remote(self, run: TaskRun, remote: RemoteLedger) -> None:
-        """Notice a cancel or a move on the owner while a long step runs."""
-        from kovanex.gitstate import mirror
-
-        ref = f"refs/heads/task/{run.lease.task_id}"
-        while run.key in self.runs and not run.cancel.is_set():
-            await asyncio.sleep(1.0)
-            try:
-                refs = await asyncio.to_thread(mirror.ls_remote, remote.owner_url(), self.token)
-            except Exception:  # noqa: BLE001 - transient; the next write decides anyway
-                continue
-            if refs.get(ref) not in (None, remote.tip(run.lease.task_id)):
-                try:
-                    view = await asyncio.to_thread(remote.read, run.lease.task_id)
-                except Exception:  # noqa: BLE001
-                    continue
-                if view.epoch != run.lease.epoch or view.node != self.node:
-                    run.stand_down(
-                        f"lease moved on the owner: {view.state} {view.node}@{view.epoch}"
-                    )
 
     def saw_tip(self, repo: str, task_id: str, tip: str) -> None:
         self.tips[(repo, task_id)] = tip
@@ -455,54 +325,6 @@ class Agent:
         self._on_ref_change(run.lease.repo, run.lease.task_id)
 
     # -- reconcile ---------------------------------------------------------------------
-    async def _lease_guard(self) -> None:
-        """Confirm a suspect lease holder's crash early: on loopback or a LAN, a refused
-        TCP connect to its HTTP port means no agent is listening. A timeout (partition,
-        pause) proves nothing, so those wait for SWIM's dead; epochs fence either way."""
-        confirmed: set[tuple[str, int]] = set()
-        while True:
-            await asyncio.sleep(0.2)
-            if self.cluster is None:
-                continue
-            for m in self.cluster.node.members():
-                if m.status != "suspect" or m.name == self.node:
-                    continue
-                token = (m.name, m.incarnation)
-                http = (m.meta or {}).get("http", "")
-                if token in confirmed or not http.startswith("http://"):
-                    continue
-                host, _, port = http[len("http://") :].rpartition(":")
-                try:
-                    _r, w = await asyncio.wait_for(
-                        asyncio.open_connection(host, int(port)), timeout=0.3
-                    )
-                    w.close()
-                    continue  # something answers: let SWIM decide
-                except ConnectionRefusedError:
-                    confirmed.add(token)
-                    log.info(
-                        "suspect %s refuses connections on %s: its agent is gone", m.name, http
-                    )
-                    self.cluster.record(
-                        "lease-guard", {"member": m.name, "msg": "connection refused"}
-                    )
-                    await self.requeue_held_by(m.name)
-                except (OSError, TimeoutError, ValueError):
-                    continue
-
-    async def _fence_dead_holders(self) -> None:
-        """Backstop for a missed member-failed event: requeue leases of dead/left nodes."""
-        dead = set()
-        for repo in self.owned_repos():
-            ledger = self.ledger(repo)
-            for task_id in ledger.list_tasks():
-                view = ledger.read(task_id)
-                if view.state in (taskcore.PLACED, taskcore.RUNNING) and view.node != self.node:
-                    if self.member_status(view.node) in ("dead", "left"):
-                        dead.add(view.node)
-        for name in sorted(dead):
-            await self.requeue_held_by(name)
-
     async def reconcile_all(self) -> None:
         for repo in self.repos():
             self.watcher.watch(self.repo_path(repo))
@@ -716,116 +538,6 @@ class Agent:
         return False, [f"kovanex: unknown hook phase {req.phase!r}"]
 
     # -- control -----------------------------------------------------------------------
-    async def _on_control(self, op: str, args: dict[str, Any]) -> Any:
-        if op == "ping":
-            return {"node": self.node, "pid": os.getpid()}
-        if op == "status":
-            return {
-                "node": self.node,
-                "pid": os.getpid(),
-                "uptime_s": round(time.time() - self.started, 1),
-                "runners": {"total": self.slots.total, "used": self.slots.used},
-                "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
-                "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
-                "hook_port": self.hooks.port,
-            }
-        if op == "repo.status":
-            if self.replicas is None or not self.repo_path(args["name"]).exists():
-                raise ControlError(
-                    f"no repo {args['name']} on {self.node}; see `kovanex repo list`"
-                )
-            return self.replicas.status(args["name"])
-        if op == "repo.describe":
-            return self.replicas.describe() if self.replicas is not None else []
-        if op == "repo.replication":
-            if self.replicas is None:
-                raise ControlError("replication is not running yet; try again")
-            try:
-                own = await self.replicas.set_policy(
-                    args["name"], args["level"], int(args.get("replicas", 1))
-                )
-            except ValueError as e:
-                raise ControlError(str(e)) from e
-            return {
-                "owner": own.owner,
-                "epoch": own.epoch,
-                "level": own.level,
-                "replicas_wanted": own.replicas_wanted,
-                "replicas": list(own.replicas),
-            }
-        if op == "repo.created":
-            self.refresh_repos()
-            if self.replicas is not None:
-                self.replicas.created(args["name"])
-            self.watcher.watch(self.repo_path(args["name"]))
-            self._on_ref_change(args["name"])
-            return {"url": f"{self.http_url()}/git/{args['name']}.git"}
-        if op == "reconcile":
-            await self.reconcile_all()
-            return True
-        if self.cluster is not None:
-            res = await self._cluster_op(op, args)
-            if res is not NotImplemented:
-                return res
-        fn = self.extra_ops.get(op)
-        if fn is None:
-            raise ControlError(f"unknown operation {op!r}")
-        res = fn(args)
-        if asyncio.iscoroutine(res):
-            res = await res
-        return res
-
-    async def _cluster_op(self, op: str, args: dict[str, Any]) -> Any:
-        c = self.cluster
-        assert c is not None
-        if op == "members":
-            return c.members()
-        if op == "join":
-            addrs = [cfgmod.parse_addr(a) for a in args.get("addrs", [])]
-            n = await c.node.join(addrs, timeout=float(args.get("timeout", 5.0)))
-            if n == 0:
-                raise ControlError(
-                    f"could not reach any of {', '.join(args.get('addrs', []))}; "
-                    "check the address and that the peer's agent is running"
-                )
-            return {"joined": n}
-        if op == "leave":
-            self.leaving = True
-            self.stop_event.set()
-            return {"leaving": True}
-        if op == "force-leave":
-            name = args["name"]
-            if name not in {m.name for m in c.node.members()}:
-                raise ControlError(f"no member named {name!r}; see `kovanex members`")
-            c.node.force_leave(name)
-            return {"force_left": name}
-        if op == "keys":
-            try:
-                return c.keys_op(args)
-            except ValueError as e:
-                raise ControlError(str(e)) from e
-        if op == "events":
-            return {"events": c.since(int(args.get("since", 0))), "seq": c.seq}
-        if op == "health":
-            nodes: dict[str, Any] = {}
-            for name, h in c.node.items("health").items():
-                nodes[name] = {"score": h.get("score"), "vector": h.get("vector", {}), "matrix": {}}
-            if self.health is not None:
-                nodes[self.node] = {
-                    "score": self.health.score(),
-                    "vector": self.health.vector(),
-                    "matrix": self.health.matrix(),
-                }
-            return {"node": self.node, "nodes": nodes}
-        if op == "reload":
-            cfg = cfgmod.load(self.layout)
-            modules.load_modules(cfg.modules)
-            self.cfg = cfg
-            c.refresh()
-            return {"reloaded": True}
-        if op == "stats":
-            return c.node.stats()
-        return NotImplemented
 
 
 def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -177,7 +176,3 @@ def _offline_keys(layout: cfgmod.Layout, action: str, key: str | None) -> dict[s
         kr.save(path)
     keys = kr.list()
     return {"keys": keys, "primary": keys[0] if keys else None}
-
-
-def _print(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
