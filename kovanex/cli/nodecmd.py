@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import secrets
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex.agent import control
@@ -44,8 +46,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
 
-def _free_port(host: str, kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
+def _free_port(host: str) -> int:
+    """A port free for both TCP and UDP, chosen below the kernel's ephemeral range.
+
+    The port is recorded in kovanex.toml and bound later by the agent. A port from the
+    ephemeral range could meanwhile become the local end of some client's outgoing
+    connection, so we stay below it, and check TCP and UDP because gossip binds both.
+    """
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        try:
+            with (
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t,
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u,
+            ):
+                t.bind((host, port))
+                u.bind((host, port))
+            return port
+        except OSError:
+            continue
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -58,7 +84,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         port = _free_port(host)  # recorded, so restarts keep the address peers know
     hhost, hport = cfgmod.parse_addr(args.http, 0)
     if hport == 0:
-        hport = _free_port(hhost, socket.SOCK_STREAM)
+        hport = _free_port(hhost)
     cfg = cfgmod.NodeConfig(
         name=args.name or socket.gethostname().split(".")[0],
         role=args.role,
@@ -105,7 +131,14 @@ def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     )
     from kovanex.agent.daemon import run_agent
 
-    run_agent(layout)
+    try:
+        run_agent(layout)
+    except OSError as e:
+        raise CliError(
+            f"{e}; another process holds an address from {layout.config} "
+            f"(gossip {cfg.gossip_bind}, http {cfg.http_bind}). Stop it, or pick new ports: "
+            f"kovanex init --force --data {layout.root} --bind HOST:0 --http HOST:0"
+        ) from e
     return 0
 
 
