@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -28,6 +29,16 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
             last_exc = e
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> None:
+    """The asyncio twin of wait_for: re-check a condition until a deadline; the short
+    sleep is the polling interval, never the synchronisation itself."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.005)
 
 
 def process_gone(pid: int) -> bool:

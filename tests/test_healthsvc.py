@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from kovanex.agent.healthsvc import HealthService, status_word
 from kovanex.core.health import METRICS, health_score
-from tests.agentkit import git
+from tests.agentkit import git, until
 
 
 def _svc(tmp_path: Path, **kw) -> HealthService:
@@ -22,13 +21,6 @@ def _svc(tmp_path: Path, **kw) -> HealthService:
     }
     args.update(kw)
     return HealthService(tmp_path, **args)
-
-
-async def _until(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.005)
 
 
 def test_score_is_real_before_the_loop_runs(tmp_path: Path) -> None:
@@ -52,7 +44,7 @@ def test_run_samples_every_interval_oldest_first_and_keeps_the_window(tmp_path: 
     async def go() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(svc.run(stop))
-        await _until(lambda: svc.vector().get("queue_depth", 0) >= 5)
+        await until(lambda: svc.vector().get("queue_depth", 0) >= 5)
         stop.set()
         await asyncio.wait_for(task, 5)  # stop ends the loop promptly
 
@@ -112,7 +104,7 @@ def test_a_failing_reading_does_not_stop_the_loop(tmp_path: Path) -> None:
     async def go() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(svc.run(stop))
-        await _until(lambda: len(svc) >= 3)
+        await until(lambda: len(svc) >= 3)
         stop.set()
         await asyncio.wait_for(task, 5)
 

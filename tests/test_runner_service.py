@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from kovanex.core.backoff import Backoff
 from kovanex.runner import Limits, step_env, supervise
+from tests.agentkit import until
 
 
 def gone(pid: int) -> bool:
@@ -18,13 +18,6 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
 
 
 def test_crashing_service_restarts_with_growing_delays(tmp_path: Path) -> None:

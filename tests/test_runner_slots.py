@@ -7,16 +7,7 @@ import asyncio
 import pytest
 
 from kovanex.runner import RunnerSlots
-
-
-async def until(cond, timeout: float = 5.0) -> None:
-    """Wait on a condition with a deadline, not on asyncio's scheduling order."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.001)
+from tests.agentkit import until
 
 
 def test_counts_and_fifo_handoff() -> None:
