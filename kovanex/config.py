@@ -96,6 +96,11 @@ class NodeConfig:
     strategy: str = "best-fit"
     modules: list[dict[str, Any]] = field(default_factory=list)
     event_handlers: dict[str, str] = field(default_factory=dict)
+    # [units]: compute units (kovanex/runner/units.py). "none" for configs written
+    # before units existed; `kovanex init` as root writes "users".
+    units_mode: str = "none"
+    units_root: str = ""
+    units_uid_base: int = 61000
 
     def to_toml(self) -> str:
         lines = [
@@ -121,6 +126,8 @@ class NodeConfig:
         if self.event_handlers:
             lines += ["", "[event_handlers]"]
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
+        lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
+        lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -151,6 +158,9 @@ class NodeConfig:
             strategy=str(doc.get("scheduler", {}).get("strategy", "best-fit")),
             modules=list(doc.get("modules", [])),
             event_handlers={str(k): str(v) for k, v in doc.get("event_handlers", {}).items()},
+            units_mode=str(doc.get("units", {}).get("mode", "none")),
+            units_root=str(doc.get("units", {}).get("root", "")),
+            units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
         )
         cfg.check(path)
         return cfg
@@ -162,6 +172,8 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
+        if self.units_mode not in ("users", "uids", "none"):
+            raise ConfigError(f"{path}: [units] mode {self.units_mode!r} must be users|uids|none")
 
 
 def load(layout: Layout) -> NodeConfig:

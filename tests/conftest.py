@@ -31,3 +31,12 @@ def pytest_runtest_makereport(item, call):
         if "seed" in funcargs:
             rep.sections.append(("kovanex", f"KOVANEX_SEED={funcargs['seed']}"))
             print(f"\nKOVANEX_SEED={funcargs['seed']}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Unit work paths live outside pytest's tmp dirs (units must reach them)."""
+    import shutil
+
+    from tests.agentkit import UNITS_BASE
+
+    shutil.rmtree(UNITS_BASE, ignore_errors=True)

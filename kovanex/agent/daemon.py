@@ -45,7 +45,7 @@ from kovanex.pushcheck import (
     queue_submission,
     record_push,
 )
-from kovanex.runner import RunnerSlots
+from kovanex.runner import RunnerSlots, units
 from kovanex.runner.limits import reap_stale
 
 log = logging.getLogger("kovanex.agent")
@@ -63,6 +63,7 @@ class Agent(ControlOps, Failover):
         self.cfg = cfg
         self.node = cfg.name
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
+        self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
         self.runs: dict[Key, TaskRun] = {}
         self.tips: dict[Key, str] = {}
         self.locks: dict[Key, asyncio.Lock] = {}

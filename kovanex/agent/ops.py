@@ -33,10 +33,18 @@ class ControlOps(_Base):
                 "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 1),
                 "runners": {"total": self.slots.total, "used": self.slots.used},
+                "isolation": self.isolation,
                 "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
                 "hook_port": self.hooks.port,
             }
+        if op == "units":
+            busy = {
+                r.unit.index: f"{r.lease.repo}/{r.lease.task_id}"
+                for r in self.runs.values()
+                if r.unit
+            }
+            return [{"index": u.index, "task": busy.get(u.index, "-")} for u in self.units]
         if op == "repo.status":
             if self.replicas is None or not self.repo_path(args["name"]).exists():
                 raise ControlError(

@@ -22,7 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="<command>")
     for mod in (nodecmd, repocmd, taskcmd):
         mod.register(sub)
-    for extra in ("kovanex.cli.misccmd", "kovanex.cli.clustercmd", "kovanex.cli.schedcmd"):
+    for extra in (
+        "kovanex.cli.misccmd",
+        "kovanex.cli.clustercmd",
+        "kovanex.cli.schedcmd",
+        "kovanex.cli.unitcmd",
+    ):
         try:
             __import__(extra, fromlist=["register"]).register(sub)
         except ModuleNotFoundError as e:

@@ -33,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--encrypt", metavar="KEY", help="gossip key (base64, see `kovanex keygen`)")
     p.add_argument("--cluster-label", default="", help="gossip label bound into every packet")
     p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
+    p.add_argument(
+        "--units",
+        choices=("users", "uids", "none"),
+        help="compute units: a user per runner slot (default as root), bare uids, or none",
+    )
+    p.add_argument(
+        "--units-root", default="", help="unit work paths (default /var/lib/kovanex/units/NODE)"
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("agent", help="run the node agent (foreground)")
@@ -96,6 +104,8 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         join=list(args.join),
         http_bind=f"{hhost}:{hport}",
         gossip_label=args.cluster_label,
+        units_mode=args.units or ("users" if os.geteuid() == 0 else "none"),
+        units_root=args.units_root,
     )
     try:
         cfg.check()
@@ -105,6 +115,12 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
     cfgmod.write_token(layout, args.token or secrets.token_hex(16))
+    from kovanex.runner import units as unitsmod
+
+    try:  # compute units: users, cgroups and paths; the node dir becomes 0700
+        unitsmod.setup_node(layout.root, cfg)
+    except unitsmod.UnitError as e:
+        raise CliError(str(e)) from e
     if args.encrypt:
         from kovanex.agent.cluster import keyring_path
         from kovanex.net.keyring import Keyring
@@ -175,6 +191,8 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         return 0
     print(f"node {st['node']} pid {st['pid']} up {st['uptime_s']}s")
     print(f"runners {st['runners']['used']}/{st['runners']['total']} used")
+    if "isolation" in st:
+        print(f"isolation {st['isolation']}")
     for r in st["running"]:
         print(f"running  {r}")
     for r in st["pending"]:

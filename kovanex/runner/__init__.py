@@ -25,6 +25,7 @@ class RunnerSlots:
         self.total = total
         self._used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._free_units = list(range(total))  # a slot is a compute unit (units.py)
 
     @property
     def used(self) -> int:
@@ -70,6 +71,17 @@ class RunnerSlots:
                 fut.set_result(None)
                 return
         self._used -= 1
+
+    def take_unit(self) -> int:
+        """The lowest free unit index, for a caller that holds a slot."""
+        if not self._free_units:
+            raise RuntimeError("take_unit() without a free slot")
+        self._free_units.sort()
+        return self._free_units.pop(0)
+
+    def give_unit(self, index: int) -> None:
+        if index not in self._free_units:
+            self._free_units.append(index)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

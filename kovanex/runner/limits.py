@@ -31,6 +31,12 @@ CPU_PERIOD_US = 100_000
 # $1 is the step's command, the rest are cgroup.procs files; "0" means "me". Exit
 # 126 ("cannot execute") if a join fails: the step never runs outside its limits.
 _JOIN = 'c=$1; shift; for f in "$@"; do echo 0 > "$f" || exit 126; done; exec /bin/sh -c "$c"'
+# The same for a compute unit: join as root, then drop to the unit's uid/gid (no
+# groups, no new privileges) with setpriv, then the step's shell. $1 $2 = uid gid.
+_JOIN_AS = (
+    'u=$1; g=$2; c=$3; shift 3; for f in "$@"; do echo 0 > "$f" || exit 126; done; '
+    'exec setpriv --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- /bin/sh -c "$c"'
+)
 _counter = itertools.count(1)
 
 
@@ -174,11 +180,21 @@ class Applied:
     process". See argv().
     """
 
-    def __init__(self, mechanism: str, dirs: list[Path], rlimits: list[tuple[int, int, int]]):
+    def __init__(
+        self,
+        mechanism: str,
+        dirs: list[Path],
+        rlimits: list[tuple[int, int, int]],
+        *,
+        as_ids: tuple[int, int] | None = None,
+        keep: bool = False,
+    ):
         self.mechanism = mechanism
         self.dirs = dirs
         self._rlimits = rlimits
         self._procs = [str(d / "cgroup.procs") for d in dirs]
+        self.as_ids = as_ids  # (uid, gid) of the compute unit the step runs as
+        self._keep = keep  # a unit's own cgroup: joined, never removed
 
     def argv(self, command: str) -> tuple[list[str], Callable[[], None] | None]:
         """The step's argv and the preexec hook it needs (None: spawn may vfork).
@@ -188,6 +204,13 @@ class Applied:
         out. A preexec_fn would force a full fork() of the agent (~7 ms here, more
         the bigger the agent) where vfork() costs ~1 ms. rlimits still need preexec.
         """
+        if self.as_ids is not None:
+            uid, gid = map(str, self.as_ids)
+            if self._procs and not self._rlimits:
+                argv = ["/bin/sh", "-c", _JOIN_AS, "kovanex-join", uid, gid, command]
+                return [*argv, *self._procs], None
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+            return [*drop, "--no-new-privs", "--", "/bin/sh", "-c", command], self.preexec
         if self._procs and not self._rlimits:
             return ["/bin/sh", "-c", _JOIN, "kovanex-join", command, *self._procs], None
         return ["/bin/sh", "-c", command], self.preexec
@@ -237,6 +260,8 @@ class Applied:
         return 0
 
     def _try_remove(self) -> bool:
+        if self._keep:
+            return True
         left = False
         for d in self.dirs:
             try:
@@ -260,20 +285,31 @@ class Applied:
             await asyncio.sleep(0.01)  # kernel-side teardown, bounded by the deadline
 
 
-def apply(limits: Limits | None, *, timeout_s: float) -> Applied:
-    """Create the per-run cgroup (or rlimit list) for `limits`."""
+def apply(
+    limits: Limits | None,
+    *,
+    timeout_s: float,
+    parents: dict[str, Path] | None = None,
+    as_ids: tuple[int, int] | None = None,
+) -> Applied:
+    """Create the per-run cgroup (or rlimit list) for `limits`.
+
+    `parents` are a compute unit's cgroups (controller -> dir): the run cgroup is
+    made under them, and a step without limits joins them directly, so the unit's
+    cgroup always holds all of its processes. `as_ids` = (uid, gid) to run as.
+    """
     if limits is None or (limits.cpu is None and limits.memory_mb is None):
-        return Applied(NONE, [], [])
+        return Applied(NONE, list((parents or {}).values()), [], as_ids=as_ids, keep=True)
     mechanism = limits.mechanism or detect()
     if mechanism in (CGROUP_V1, CGROUP_V2):
         try:
-            return _apply_cgroup(limits, mechanism, timeout_s)
+            return _apply_cgroup(limits, mechanism, timeout_s, parents, as_ids)
         except OSError:
             if limits.mechanism is not None:
                 raise
             # The host changed under us (e.g. cgroup fs remounted read-only): a step
             # with weaker limits beats a step that cannot run at all.
-    return Applied(RLIMIT, [], _rlimits(limits, timeout_s))
+    return Applied(RLIMIT, [], _rlimits(limits, timeout_s), as_ids=as_ids)
 
 
 async def reap_stale() -> int:
@@ -331,8 +367,14 @@ def _rlimits(limits: Limits, timeout_s: float) -> list[tuple[int, int, int]]:
     return out
 
 
-def _apply_cgroup(limits: Limits, mechanism: str, timeout_s: float) -> Applied:
-    bases = _base_dirs(mechanism)
+def _apply_cgroup(
+    limits: Limits,
+    mechanism: str,
+    timeout_s: float,
+    parents: dict[str, Path] | None = None,
+    as_ids: tuple[int, int] | None = None,
+) -> Applied:
+    bases = {**_base_dirs(mechanism), **(parents or {})}
     name = f"run-{os.getpid()}-{next(_counter)}"
     dirs: list[Path] = []
     rl: list[tuple[int, int, int]] = []
@@ -368,7 +410,7 @@ def _apply_cgroup(limits: Limits, mechanism: str, timeout_s: float) -> Applied:
     except OSError:
         Applied(mechanism, dirs, []).cleanup()
         raise
-    return Applied(mechanism, dirs, rl)
+    return Applied(mechanism, dirs, rl, as_ids=as_ids)
 
 
 def _quota(cpu: float) -> int:

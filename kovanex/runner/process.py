@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
+from kovanex.runner.units import Unit
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -312,6 +313,7 @@ async def run_step(
     on_start: Callable[[int], None] | None = None,
     kill_grace_s: float = KILL_GRACE_S,
     fast_spawn: bool = True,
+    unit: Unit | None = None,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
@@ -320,14 +322,24 @@ async def run_step(
     can never stall a chatty step. `timeout_s` may be math.inf (services).
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
-    baseline.
+    baseline. With a compute `unit`, the step runs as the unit's uid inside the
+    unit's cgroup (see units.py).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.fstat(fd).st_size
-        applied = apply(limits, timeout_s=timeout_s)
+        applied = (
+            apply(limits, timeout_s=timeout_s)
+            if unit is None
+            else apply(
+                limits,
+                timeout_s=timeout_s,
+                parents=unit.cgroup_dirs(),
+                as_ids=(unit.uid, unit.gid),
+            )
+        )
     except BaseException:
         os.close(fd)
         raise

@@ -18,6 +18,7 @@ from pathlib import Path
 from kovanex.core.backoff import Backoff
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import KILL_GRACE_S, KILLED, _append, run_step
+from kovanex.runner.units import Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ async def supervise(
     on_start: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     kill_grace_s: float = KILL_GRACE_S,
+    unit: Unit | None = None,
 ) -> ServiceOutcome:
     """Run `command` until `cancel` is set, restarting it whenever it exits.
 
@@ -65,6 +67,7 @@ async def supervise(
             cancel=cancel,
             on_start=on_start,
             kill_grace_s=kill_grace_s,
+            unit=unit,
         )
         mechanism, last_result = out.limit_mechanism, out.result
         if out.result == KILLED:

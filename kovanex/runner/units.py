@@ -1,0 +1,315 @@
+"""Compute units: a runner slot made into a Linux user, a cgroup and a private path.
+
+A step that runs as the agent's own user can read everything the agent can: the
+cluster secret, every repo, every other task's worktree. A unit is the boundary:
+its uid owns nothing but its own work path (0700, outside the node directory), its
+cgroup is the parent of every step cgroup it runs, and the node directory is 0700
+and owned by the agent. See docs/decisions/0010-compute-units.md.
+
+Modes: `users` (system users `kx-<node>-<n>`, made by `kovanex init`), `uids`
+(bare uids from `uid_base`, no /etc/passwd entry), `none` (steps run as the
+agent; only honest where nothing else is possible, and then said so loudly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kovanex.runner import limits as limitsmod
+
+if TYPE_CHECKING:
+    from kovanex.config import NodeConfig
+
+_log = logging.getLogger("kovanex.units")
+USERS, UIDS, NONE = "users", "uids", "none"
+MODES = (USERS, UIDS, NONE)
+DEFAULT_ROOT = "/var/lib/kovanex/units"
+DEFAULT_UID_BASE = 61000
+USER_NAME_MAX = 32  # useradd's limit on Linux
+_NAME_OK = re.compile(r"^[a-z_][a-z0-9_-]*$")
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+
+
+class UnitError(RuntimeError):
+    """Units could not be set up; the message says what to do next."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One compute unit. `cgroups` maps a controller ("memory", "cpu") to its dir."""
+
+    index: int
+    user: str
+    uid: int
+    gid: int
+    path: Path
+    cgroups: tuple[tuple[str, Path], ...] = ()
+
+    def cgroup_dirs(self) -> dict[str, Path]:
+        return dict(self.cgroups)
+
+    def drop_argv(self) -> list[str]:
+        """Prefix that execs the rest as this unit: no groups, no new privileges.
+
+        setpriv runs after the wrapper shell has joined the cgroup and before the
+        step's own shell, so the drop happens in the child, between join and exec,
+        while the spawn can still vfork (Popen's user= would force a full fork).
+        """
+        return [
+            SETPRIV,
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
+
+
+def user_name(node: str, index: int) -> str:
+    """`kx-<node>-<n>`, made safe for useradd and cut to 32 chars with a hash if needed.
+
+    The hash keeps two long node names that share a prefix from sharing users.
+    """
+    base = node.lower()
+    name = f"kx-{base}-{index}"
+    if _NAME_OK.match(name) and len(name) <= USER_NAME_MAX and base == node:
+        return name
+    digest = hashlib.sha1(node.encode()).hexdigest()[:6]
+    safe = re.sub(r"[^a-z0-9_-]", "-", base)
+    room = USER_NAME_MAX - len(f"kx--{digest}-{index}")
+    return f"kx-{safe[:room].rstrip('-')}-{digest}-{index}"
+
+
+def root_for(node: str, configured: str | None) -> Path:
+    """Where unit paths live: configured, else /var/lib/kovanex/units/<node>."""
+    return Path(configured) if configured else Path(DEFAULT_ROOT) / node
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _cgroup_dirs(node: str, index: int, create: bool) -> tuple[tuple[str, Path], ...]:
+    """`kovanex/<node>/unit-<n>` in each cgroup hierarchy limits.py uses (none: rlimit host)."""
+    mechanism = limitsmod.detect()
+    if mechanism not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2):
+        return ()
+    found: list[tuple[str, Path]] = []
+    for ctrl, base in limitsmod._base_dirs(mechanism).items():
+        d = base / node / f"unit-{index}"
+        if create:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                if mechanism == limitsmod.CGROUP_V2:
+                    wanted = (base / "cgroup.subtree_control").read_text().strip()
+                    limitsmod._write(base / node / "cgroup.subtree_control", wanted)
+                    limitsmod._write(d / "cgroup.subtree_control", wanted)
+            except OSError as e:
+                raise UnitError(f"cannot create cgroup {d}: {e}; run as root") from e
+        if d.is_dir():
+            found.append((ctrl, d))
+    return tuple(found)
+
+
+def _ensure_user(name: str) -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        pass
+    cmd = [
+        "useradd",
+        "--system",
+        "--no-create-home",
+        "--user-group",
+        "--home-dir",
+        "/nonexistent",
+        "--shell",
+        "/usr/sbin/nologin",
+        name,
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 and p.returncode != 9:  # 9: it exists (a racing init)
+        raise UnitError(
+            f"useradd {name} failed: {p.stderr.strip()}; "
+            'run `kovanex init` as root, or set [units] mode = "uids"'
+        )
+    pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _ensure_path(path: Path, uid: int, gid: int) -> None:
+    """The unit's own path: 0700, owned by the unit; never follow a planted symlink."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)  # traversable, listable only to find one's own dir
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise UnitError(f"unit path {path} is not a directory; remove it and rerun init")
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.lchown(path, uid, gid)
+    os.chmod(path, 0o700)
+
+
+def units_for(
+    node: str,
+    count: int,
+    *,
+    mode: str,
+    root: str | None,
+    uid_base: int = DEFAULT_UID_BASE,
+    create: bool = False,
+) -> list[Unit]:
+    """The node's units; with create=True make users, paths and cgroups (idempotent).
+
+    Without create, a unit whose user does not exist raises, naming the fix.
+    """
+    if mode == NONE or count <= 0:
+        return []
+    if mode not in MODES:
+        raise UnitError(f"[units] mode {mode!r} must be one of {', '.join(MODES)}")
+    if create and not is_root():
+        raise UnitError(
+            f'[units] mode {mode!r} needs root; run the agent as root or set mode = "none"'
+        )
+    base = root_for(node, root)
+    out: list[Unit] = []
+    for n in range(count):
+        if mode == USERS:
+            name = user_name(node, n)
+            if create:
+                uid, gid = _ensure_user(name)
+            else:
+                try:
+                    pw = pwd.getpwnam(name)
+                except KeyError as e:
+                    raise UnitError(
+                        f"unit user {name} does not exist; run `kovanex init` again as root"
+                    ) from e
+                uid, gid = pw.pw_uid, pw.pw_gid
+        else:
+            uid = gid = uid_base + n
+            name = f"uid-{uid}"
+        path = base / f"unit-{n}"
+        if create:
+            _ensure_path(path, uid, gid)
+        out.append(Unit(n, name, uid, gid, path, _cgroup_dirs(node, n, create=create)))
+    return out
+
+
+def secure_node_dir(root: Path) -> None:
+    """The node dir (secrets, repos, logs, work) is 0700 and the agent's own."""
+    uid, gid = os.geteuid(), os.getegid()
+    for d in (root, root / "secrets"):
+        if d.is_dir():
+            if os.lstat(d).st_uid != uid:
+                os.chown(d, uid, gid)
+            os.chmod(d, 0o700)
+
+
+def isolation(mode: str) -> str:
+    """A one-line description of how steps are isolated, for status and the agent log."""
+    if mode == USERS:
+        return "units: one Linux user, cgroup and private path per runner slot"
+    if mode == UIDS:
+        return "units: one bare uid, cgroup and private path per runner slot"
+    return "NONE: steps run as the agent's user and can read the node's secrets"
+
+
+def limits_of(unit: Unit) -> str:
+    """The unit cgroup's own memory and CPU caps, as `kovanex units` shows them."""
+    parts = []
+    for ctrl, d in unit.cgroups:
+        try:
+            if ctrl == "memory":
+                b = int((d / "memory.limit_in_bytes").read_text())
+                parts.append("mem=max" if b >= 1 << 60 else f"mem={b >> 20}MiB")
+            elif ctrl == "cpu":
+                q = int((d / "cpu.cfs_quota_us").read_text())
+                parts.append("cpu=max" if q < 0 else f"cpu={q / limitsmod.CPU_PERIOD_US:g}")
+            elif ctrl == "unified":
+                parts.append(f"mem={(d / 'memory.max').read_text().strip()}")
+        except (OSError, ValueError):
+            continue
+    return ",".join(parts) or "-"
+
+
+def pids(unit: Unit) -> set[int]:
+    """Every process in the unit's cgroups (its step cgroups included)."""
+    found: set[int] = set()
+    for _, d in unit.cgroups:
+        for procs in d.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(x) for x in procs.read_text().split()}
+    return found
+
+
+def reset(unit: Unit) -> int:
+    """Kill whatever a dead agent's steps left in the unit; returns how many were signalled."""
+    found = pids(unit)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(found)
+
+
+def remove(units: list[Unit], *, delete_users: bool) -> None:
+    """Undo units_for(create=True): for tests and `kovanex units --remove` style cleanup."""
+    for u in units:
+        reset(u)
+        for _, d in u.cgroups:
+            for sub in sorted(d.glob("run-*"), reverse=True):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()
+        shutil.rmtree(u.path, ignore_errors=True)
+        if delete_users and u.user.startswith("kx-"):
+            subprocess.run(["userdel", u.user], capture_output=True)
+
+
+def node_units(cfg: NodeConfig, *, create: bool = False) -> list[Unit]:
+    """The units of a node's runner slots, per its [units] config."""
+    count = cfg.runner_slots if cfg.role in ("full", "runner") else 0
+    return units_for(
+        cfg.name,
+        count,
+        mode=cfg.units_mode,
+        root=cfg.units_root or None,
+        uid_base=cfg.units_uid_base,
+        create=create,
+    )
+
+
+def setup_node(data: Path, cfg: NodeConfig) -> list[Unit]:
+    """`kovanex init`: node dir 0700, then users, paths and cgroups (reused if present)."""
+    secure_node_dir(data)
+    return node_units(cfg, create=True)
+
+
+def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
+    """At agent start: the node's units (made if missing, leftovers killed) and the
+    isolation line for status; says once, loudly, when steps are not isolated."""
+    units = node_units(cfg, create=True)
+    for u in units:
+        reset(u)
+    line = isolation(cfg.units_mode if units else NONE)
+    if not units:
+        _log.warning("steps are NOT isolated: %s; run `kovanex init` as root to get units", line)
+    else:
+        _log.info("isolation: %s (%d units)", line, len(units))
+    return units, line

@@ -1,0 +1,178 @@
+"""Compute units: names, idempotent creation, permissions, privilege drop, the unit clone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kovanex.runner import unitrepo
+from kovanex.runner import units as unitsmod
+from kovanex.runner.limits import Limits
+from kovanex.runner.process import run_step
+from tests.agentkit import git, units_root
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="compute units need root (useradd, chown, setuid)"
+)
+
+
+def test_user_names_fit_useradd_and_stay_distinct() -> None:
+    assert unitsmod.user_name("n1", 0) == "kx-n1-0"
+    long_a = unitsmod.user_name("a" * 60 + "x", 3)
+    long_b = unitsmod.user_name("a" * 60 + "y", 3)
+    assert len(long_a) <= 32 and len(long_b) <= 32
+    assert long_a != long_b, "two long node names must not share a unit user"
+    odd = unitsmod.user_name("Node.One", 1)
+    assert odd.startswith("kx-node-one-") and odd.endswith("-1") and len(odd) <= 32
+    assert unitsmod.user_name("Node.One", 1) == odd, "names must be stable across inits"
+
+
+@pytest.fixture
+def units():
+    node = f"t{uuid.uuid4().hex[:6]}"
+    root = units_root()
+    made = unitsmod.units_for(node, 2, mode=unitsmod.USERS, root=str(root), create=True)
+    yield made
+    unitsmod.remove(made, delete_users=True)
+
+
+@needs_root
+def test_units_are_created_once_and_reused(units) -> None:
+    node = units[0].user.split("-")[1]
+    root = units[0].path.parent
+    again = unitsmod.units_for(node, 2, mode=unitsmod.USERS, root=str(root), create=True)
+    assert [(u.user, u.uid, u.path) for u in again] == [(u.user, u.uid, u.path) for u in units]
+    for u in units:
+        st = os.lstat(u.path)
+        assert pwd.getpwnam(u.user).pw_uid == u.uid
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (u.uid, 0o700)
+        assert pwd.getpwnam(u.user).pw_shell == "/usr/sbin/nologin"
+        assert u.cgroups, "each unit has its own cgroup"
+        assert all(d.name == f"unit-{u.index}" and d.is_dir() for _, d in u.cgroups)
+    assert units[0].uid != units[1].uid
+
+
+@needs_root
+def test_node_dir_becomes_private(tmp_path: Path) -> None:
+    data = tmp_path / "node"
+    (data / "secrets").mkdir(parents=True)
+    os.chmod(data, 0o755)
+    unitsmod.secure_node_dir(data)
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
+    assert os.stat(data).st_uid == os.geteuid()
+
+
+@needs_root
+def test_step_runs_as_its_unit_and_cannot_read_the_node(units, tmp_path: Path) -> None:
+    secret = tmp_path / "node" / "secrets" / "cluster.token"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("s3cret")
+    unitsmod.secure_node_dir(tmp_path / "node")
+    other = units[1].path / "private"
+    other.write_text("unit 1 only")
+    log = tmp_path / "step.log"
+    cmd = f"id -u; id -G; cat {secret}; cat {other}; echo home=$HOME; exit 0"
+
+    async def main():
+        return await run_step(
+            cmd,
+            cwd=units[0].path,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(units[0].path)},
+            timeout_s=10,
+            log_path=log,
+            limits=Limits(memory_mb=256),
+            unit=units[0],
+        )
+
+    out = asyncio.run(main())
+    text = log.read_text()
+    lines = text.splitlines()
+    assert out.result == "ok", text
+    assert lines[0] == str(units[0].uid), f"step must run as the unit's uid: {text}"
+    assert lines[1] == str(units[0].gid), f"no supplementary groups may survive: {text}"
+    assert "s3cret" not in text and "Permission denied" in text, text
+    assert "unit 1 only" not in text, f"another unit's path must be closed: {text}"
+
+
+@needs_root
+def test_step_without_limits_joins_the_unit_cgroup(units, tmp_path: Path) -> None:
+    log = tmp_path / "step.log"
+    mem = dict(units[0].cgroups).get("memory")
+    if mem is None:
+        pytest.skip("no memory cgroup hierarchy on this host")
+
+    async def main():
+        return await run_step(
+            "cat /proc/self/cgroup",
+            cwd=units[0].path,
+            env={"PATH": "/usr/bin:/bin"},
+            timeout_s=10,
+            log_path=log,
+            unit=units[0],
+        )
+
+    assert asyncio.run(main()).result == "ok"
+    assert f"/{mem.name}" in log.read_text() and mem.parent.name in log.read_text()
+    assert mem.is_dir(), "the unit's own cgroup outlives the step"
+
+
+def _bare_with_commit(tmp_path: Path) -> tuple[Path, str]:
+    src = tmp_path / "src"
+    git("init", "-q", str(src))
+    (src / "a.txt").write_text("a\n")
+    git("add", "-A", cwd=src)
+    git("commit", "-qm", "one", cwd=src)
+    bare = tmp_path / "repo.git"
+    git("clone", "-q", "--bare", str(src), str(bare))
+    return bare, git("rev-parse", "HEAD", cwd=src).stdout.strip()
+
+
+@needs_root
+def test_unit_clone_is_a_real_repo_owned_by_the_unit(units, tmp_path: Path) -> None:
+    bare, head = _bare_with_commit(tmp_path)
+    u = units[0]
+    clone = unitrepo.prepare(bare, head, u, "demo")
+    assert (clone / ".git").is_dir() and not (clone / ".git" / "objects/info/alternates").exists()
+    assert os.stat(clone / "a.txt").st_uid == u.uid
+    assert os.stat(clone / ".git" / "HEAD").st_uid == u.uid
+    # git works inside the clone as the unit, with no access to the node's repo
+    p = subprocess.run(
+        [*u.drop_argv(), "git", "-C", str(clone), "log", "--format=%H", "-1"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(u.path)},
+    )
+    assert p.stdout.strip() == head, p.stderr
+
+
+@needs_root
+def test_snapshot_keeps_symlinks_as_links_and_ignores_planted_config(units, tmp_path: Path) -> None:
+    bare, head = _bare_with_commit(tmp_path)
+    u = units[0]
+    clone = unitrepo.prepare(bare, head, u, "demo")
+    marker = u.path / "fsmonitor-ran"  # writable by the unit: a hook that ran would leave it
+    step = (
+        "echo new > b.txt && ln -s /etc/shadow leak && "
+        f"git config core.fsmonitor 'touch {marker}' && "
+        f"mkdir -p .git/hooks && printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/post-checkout"
+        " && chmod +x .git/hooks/post-checkout"
+    )
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", step], cwd=clone, check=True)
+    tree = unitrepo.snapshot(clone, u, bare, head)
+    listing = git("--git-dir", str(bare), "ls-tree", tree).stdout
+    assert "b.txt" in listing and "120000 blob" in listing, listing
+    link = git("--git-dir", str(bare), "cat-file", "-p", f"{tree}:leak").stdout
+    assert link == "/etc/shadow", "a symlink is stored as its target path, never read through"
+    commit = git(
+        "--git-dir", str(bare), "commit-tree", tree, "-p", head, "-m", "step"
+    ).stdout.strip()
+    unitrepo.prepare(bare, commit, u, "demo")
+    assert (clone / "b.txt").read_text() == "new\n"
+    assert not marker.exists(), "a hook or fsmonitor planted by a step must never run"
