@@ -20,6 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 UNITS_BASE = Path("/var/tmp/kovanex-test-units") / uuid.uuid4().hex[:12]
 
 
+def exchange_dir() -> Path:
+    """A dir a test and its steps (running as unit users) can both write: 1777, like /tmp."""
+    d = UNITS_BASE / f"x-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    for p in (d.parent, d.parent.parent):
+        os.chmod(p, 0o755)
+    os.chmod(d, 0o1777)
+    return d
+
+
 def units_root() -> Path:
     """A fresh 0755 directory for one node's unit paths."""
     d = UNITS_BASE / uuid.uuid4().hex[:8]
