@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kovanex.config import ConfigError
 from kovanex.runner import limits as limitsmod
 
 if TYPE_CHECKING:
@@ -41,8 +42,8 @@ _NAME_OK = re.compile(r"^[a-z_][a-z0-9_-]*$")
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 
 
-class UnitError(RuntimeError):
-    """Units could not be set up; the message says what to do next."""
+class UnitError(ConfigError):
+    """Units could not be set up; the message says what to do next (the CLI prints it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +263,10 @@ def reset(unit: Unit) -> int:
     for pid in found:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    for _, d in unit.cgroups:  # step cgroups of a dead agent (limits.reap_stale skips these)
+        for sub in d.glob("run-*"):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
     return len(found)
 
 
@@ -307,6 +312,8 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     units = node_units(cfg, create=True)
     for u in units:
         reset(u)
+    if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
+        return [], "no runner slots: this node runs no steps"
     line = isolation(cfg.units_mode if units else NONE)
     if not units:
         _log.warning("steps are NOT isolated: %s; run `kovanex init` as root to get units", line)
