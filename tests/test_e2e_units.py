@@ -55,6 +55,10 @@ timeout_s = 60
     git("push", "-q", "origin", "task/hold-1", cwd=clone)
     wait_for(holding.exists, 30, "task hold-1 to start in unit 0")
     other_checkout = Path(units[0]["path"]) / "src" / "demo"
+    busy = json.loads(node.kx("units", "--format", "json").stdout)["units"]
+    assert [u["task"] for u in busy] == ["demo/hold-1", "-"], busy
+    status = node.kx("status").stdout
+    assert "isolation units: one Linux user, cgroup and private path" in status, status
     probes = {
         "token": f"cat {token_path}",
         "find": "find / -name cluster.token 2>/dev/null | xargs -r cat",

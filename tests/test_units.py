@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import stat
@@ -16,7 +17,7 @@ from kovanex.runner import unitrepo
 from kovanex.runner import units as unitsmod
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step
-from tests.agentkit import git, units_root
+from tests.agentkit import Node, git, units_root
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="compute units need root (useradd, chown, setuid)"
@@ -176,3 +177,16 @@ def test_snapshot_keeps_symlinks_as_links_and_ignores_planted_config(units, tmp_
     unitrepo.prepare(bare, commit, u, "demo")
     assert (clone / "b.txt").read_text() == "new\n"
     assert not marker.exists(), "a hook or fsmonitor planted by a step must never run"
+
+
+def test_without_units_the_agent_and_status_say_steps_are_not_isolated(tmp_path: Path) -> None:
+    node = Node(tmp_path, "n0", "--units", "none").start()
+    try:
+        status = node.kx("status").stdout
+        assert "isolation NONE: steps run as the agent's user" in status, status
+        st = json.loads(node.kx("status", "--format", "json").stdout)
+        assert st["isolation"].startswith("NONE")
+        assert node.log().count("steps are NOT isolated") == 1, node.log()
+        assert "no compute units" in node.kx("units").stdout
+    finally:
+        node.stop()
