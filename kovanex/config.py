@@ -172,8 +172,10 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
-        if self.units_mode not in ("users", "uids", "none"):
-            raise ConfigError(f"{path}: [units] mode {self.units_mode!r} must be users|uids|none")
+        if self.units_mode not in ("users", "uids", "namespace", "none"):
+            raise ConfigError(
+                f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
+            )
 
 
 def load(layout: Layout) -> NodeConfig:

@@ -190,3 +190,36 @@ def test_without_units_the_agent_and_status_say_steps_are_not_isolated(tmp_path:
         assert "no compute units" in node.kx("units").stdout
     finally:
         node.stop()
+
+
+@pytest.mark.skipif(not unitsmod.namespace_works(), reason="no user+mount namespaces here")
+def test_namespace_hides_the_secrets_and_the_step_cannot_unmount(tmp_path: Path) -> None:
+    """The isolation left without root: an empty tmpfs over secrets, locked by a nested
+    namespace. (Runs as root here too: the namespaces are the same.)"""
+    data = tmp_path / "node"
+    (data / "secrets").mkdir(parents=True)
+    (data / "secrets" / "cluster.token").write_text("s3cret")
+    (data / "keyring.json").write_text("gossip-key")
+    log = tmp_path / "step.log"
+    cmd = (
+        f"cat {data}/secrets/cluster.token; cat {data}/keyring.json; "
+        f"umount {data}/secrets && echo UNMOUNTED; find {data} -name cluster.token; "
+        f"echo done"
+    )
+
+    async def main():
+        return await run_step(
+            cmd,
+            cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+            timeout_s=10,
+            log_path=log,
+            hide=[data / "secrets", data / "keyring.json"],
+        )
+
+    out = asyncio.run(main())
+    text = log.read_text()
+    assert out.result == "ok" and "done" in text, text
+    assert "s3cret" not in text and "gossip-key" not in text, f"mount namespace failed: {text}"
+    assert "UNMOUNTED" not in text, f"the hiding mount must be locked: {text}"
+    assert (data / "secrets" / "cluster.token").read_text() == "s3cret", "host view unchanged"

@@ -204,6 +204,17 @@ class TaskRun:
         home = str(self.unit.path) if self.unit is not None else None
         return step_env(dict(step.env), kx, path=os.environ.get("PATH"), home=home)
 
+    def _hidden(self) -> list[Path] | None:
+        """Without units, a mount namespace may still hide the node's secrets (units.py)."""
+        if self.unit is not None or not self.agent.isolation.startswith("namespace"):
+            return None
+        root = self.agent.layout.root
+        return [
+            p
+            for p in (root / "secrets", self.agent.layout.run, self.agent.layout.logs)
+            if p.is_dir()
+        ]
+
     def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:
         if step.agent and spec.agent is not None:
             return spec.agent.command
@@ -237,6 +248,7 @@ class TaskRun:
             cancel=self.cancel,
             on_start=self._remember_pid,
             unit=self.unit,
+            hide=self._hidden(),
         )
         self._forget_pid()
         if self.cancel.is_set():
@@ -298,6 +310,7 @@ class TaskRun:
             backoff=Backoff(),
             on_restart=restarted,
             unit=self.unit,
+            hide=self._hidden(),
         )
         raise StandDown(self.why or "service stopped")
 

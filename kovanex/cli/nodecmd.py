@@ -35,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
     p.add_argument(
         "--units",
-        choices=("users", "uids", "none"),
-        help="compute units: a user per runner slot (default as root), bare uids, or none",
+        choices=("users", "uids", "namespace", "none"),
+        help="step isolation: a user per runner slot (default as root), bare uids, "
+        "a mount namespace hiding secrets (default otherwise, where allowed), or none",
     )
     p.add_argument(
         "--units-root", default="", help="unit work paths (default /var/lib/kovanex/units/NODE)"
@@ -84,6 +85,12 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _default_units() -> str:
+    from kovanex.runner.units import default_mode
+
+    return default_mode()
+
+
 def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     if layout.config.exists() and not args.force:
         raise CliError(f"{layout.config} exists; use --force to overwrite it")
@@ -104,7 +111,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         join=list(args.join),
         http_bind=f"{hhost}:{hport}",
         gossip_label=args.cluster_label,
-        units_mode=args.units or ("users" if os.geteuid() == 0 else "none"),
+        units_mode=args.units or _default_units(),
         units_root=args.units_root,
     )
     try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
-from kovanex.runner.units import Unit
+from kovanex.runner.units import Unit, hidden
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -153,10 +153,18 @@ class _Child:
 
 
 async def _spawn(
-    command: str, *, cwd: Path, env: dict[str, str], fd: int, applied: Applied, fast: bool
+    command: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    fd: int,
+    applied: Applied,
+    fast: bool,
+    hide: list[Path] | None = None,
 ) -> _Child | asyncio.subprocess.Process:
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
     argv, preexec = applied.argv(command)
+    argv = hidden(hide or [], argv)
     if fast and _PIDFD:
 
         def start() -> tuple[subprocess.Popen[bytes], int]:
@@ -314,6 +322,7 @@ async def run_step(
     kill_grace_s: float = KILL_GRACE_S,
     fast_spawn: bool = True,
     unit: Unit | None = None,
+    hide: list[Path] | None = None,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
@@ -323,7 +332,8 @@ async def run_step(
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline. With a compute `unit`, the step runs as the unit's uid inside the
-    unit's cgroup (see units.py).
+    unit's cgroup (see units.py). `hide`: dirs covered by an empty tmpfs in a mount
+    namespace, the isolation left without root (units.hidden).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -345,7 +355,9 @@ async def run_step(
         raise
     mechanism = applied.mechanism
     try:
-        proc = await _spawn(command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn)
+        proc = await _spawn(
+            command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn, hide=hide
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         applied.cleanup()
         reason = f"could not start step: {exc}"

@@ -45,6 +45,7 @@ async def supervise(
     clock: Callable[[], float] = time.monotonic,
     kill_grace_s: float = KILL_GRACE_S,
     unit: Unit | None = None,
+    hide: list[Path] | None = None,
 ) -> ServiceOutcome:
     """Run `command` until `cancel` is set, restarting it whenever it exits.
 
@@ -68,6 +69,7 @@ async def supervise(
             on_start=on_start,
             kill_grace_s=kill_grace_s,
             unit=unit,
+            hide=hide,
         )
         mechanism, last_result = out.limit_mechanism, out.result
         if out.result == KILLED:

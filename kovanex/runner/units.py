@@ -14,6 +14,7 @@ agent; only honest where nothing else is possible, and then said so loudly).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -22,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,8 +35,19 @@ if TYPE_CHECKING:
     from kovanex.config import NodeConfig
 
 _log = logging.getLogger("kovanex.units")
-USERS, UIDS, NONE = "users", "uids", "none"
-MODES = (USERS, UIDS, NONE)
+USERS, UIDS, NAMESPACE, NONE = "users", "uids", "namespace", "none"
+MODES = (USERS, UIDS, NAMESPACE, NONE)
+# Without root: a user+mount namespace mounts an empty tmpfs over each hidden dir, then
+# a nested user+mount namespace runs the step, so those mounts are locked (the step,
+# root only inside its namespace, cannot unmount them to see underneath).
+# $1 = how many dirs follow; after them, the step's argv.
+_HIDE = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    'if [ -d "$1" ]; then mount -t tmpfs -o size=4k,mode=000 kovanex-hidden "$1" || exit 126; '
+    'else mount --bind /dev/null "$1" || exit 126; fi; shift; n=$((n-1)); '
+    'done; exec unshare --user --map-root-user --mount -- "$@"'
+)
+_NS = ["unshare", "--user", "--map-root-user", "--mount", "--"]
 DEFAULT_ROOT = "/var/lib/kovanex/units"
 DEFAULT_UID_BASE = 61000
 USER_NAME_MAX = 32  # useradd's limit on Linux
@@ -177,7 +190,7 @@ def units_for(
 
     Without create, a unit whose user does not exist raises, naming the fix.
     """
-    if mode == NONE or count <= 0:
+    if mode in (NONE, NAMESPACE) or count <= 0:
         return []
     if mode not in MODES:
         raise UnitError(f"[units] mode {mode!r} must be one of {', '.join(MODES)}")
@@ -226,6 +239,11 @@ def isolation(mode: str) -> str:
         return "units: one Linux user, cgroup and private path per runner slot"
     if mode == UIDS:
         return "units: one bare uid, cgroup and private path per runner slot"
+    if mode == NAMESPACE:
+        return (
+            "namespace: steps run as the agent's user with the node's secrets, run and "
+            "logs dirs hidden by a mount namespace (repos and work stay visible)"
+        )
     return "NONE: steps run as the agent's user and can read the node's secrets"
 
 
@@ -314,9 +332,38 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
         reset(u)
     if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
         return [], "no runner slots: this node runs no steps"
+    if cfg.units_mode == NAMESPACE and namespace_works():
+        _log.warning("steps are only partly isolated: %s", isolation(NAMESPACE))
+        return [], isolation(NAMESPACE)
     line = isolation(cfg.units_mode if units else NONE)
     if not units:
         _log.warning("steps are NOT isolated: %s; run `kovanex init` as root to get units", line)
     else:
         _log.info("isolation: %s (%d units)", line, len(units))
     return units, line
+
+
+def hidden(dirs: list[Path], argv: list[str]) -> list[str]:
+    """`argv` run with each of `dirs` covered by an empty, locked tmpfs (a file: by
+    /dev/null), needing no root."""
+    if not dirs:
+        return argv
+    return [*_NS, "/bin/sh", "-c", _HIDE, "kovanex-hide", str(len(dirs)), *map(str, dirs), *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_works() -> bool:
+    """Can this user make the namespaces `hidden` needs? Probed once by doing it."""
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run(hidden([Path(d)], ["true"]), capture_output=True, timeout=10)
+        return p.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def default_mode() -> str:
+    """What `kovanex init` picks: users as root, else a namespace if the host allows it."""
+    if is_root():
+        return USERS
+    return NAMESPACE if namespace_works() else NONE
