@@ -48,7 +48,7 @@ def test_a_step_cannot_reach_the_node_or_another_unit(node: Node, tmp_path: Path
     hold = f"""
 [[steps]]
 name = "hold"
-run = "echo mine > private.txt && touch {holding} && while [ ! -e {gate} ]; do sleep 0.05; done"
+run = "echo mine > private.txt && echo $$ > {holding}.pid && touch {holding} && while [ ! -e {gate} ]; do sleep 0.05; done"
 timeout_s = 60
 """
     clone = clone_with_task(node, "demo", tmp_path / "c", "hold-1", hold)
@@ -66,6 +66,7 @@ timeout_s = 60
         "unitpath": f"ls {units[0]['path']}",
         "nodework": f"ls {node.data}/work {node.data}/repos",
         "signal": f"kill -0 {agent_pid}",
+        "sibling": f"kill -0 $(cat {holding}.pid)",
         "whoami": "id -u && echo $HOME && echo $KOVANEX_WORKTREE",
     }
     script = " ; ".join(
@@ -106,6 +107,10 @@ timeout_s = 120
     rc, out = r["signal"]
     assert rc != 0 and "not permitted" in out, (
         f"kill -0 on the agent must fail: a unit uid cannot signal root: {out}"
+    )
+    rc, out = r["sibling"]
+    assert rc != 0 and "not permitted" in out, (
+        f"kill -0 on unit 0's step must fail: different unit uids: {out}"
     )
     # The branch holds only what the step may see: no secret in its commits or logs.
     git("fetch", "-q", "origin", "task/probe-1", cwd=clone)
