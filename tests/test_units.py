@@ -223,3 +223,32 @@ def test_namespace_hides_the_secrets_and_the_step_cannot_unmount(tmp_path: Path)
     assert "s3cret" not in text and "gossip-key" not in text, f"mount namespace failed: {text}"
     assert "UNMOUNTED" not in text, f"the hiding mount must be locked: {text}"
     assert (data / "secrets" / "cluster.token").read_text() == "s3cret", "host view unchanged"
+
+
+@needs_root
+def test_unit_step_limits_hold_and_the_step_cannot_leave_its_cgroup(units, tmp_path: Path) -> None:
+    mem = dict(units[0].cgroups).get("memory")
+    if mem is None:
+        pytest.skip("no memory cgroup hierarchy on this host")
+    log = tmp_path / "step.log"
+    escape = f"echo $$ > {mem.parent}/cgroup.procs && echo ESCAPED; echo $$ > {units[1].cgroups[0][1]}/cgroup.procs && echo ESCAPED"
+
+    async def step(cmd: str, limits: Limits | None):
+        return await run_step(
+            cmd,
+            cwd=units[0].path,
+            env={"PATH": "/usr/bin:/bin"},
+            timeout_s=30,
+            log_path=log,
+            limits=limits,
+            unit=units[0],
+        )
+
+    out = asyncio.run(step(escape + "; exit 0", Limits(memory_mb=64)))
+    assert out.result == "ok" and "ESCAPED" not in log.read_text(), (
+        f"a step must not move itself out of its unit's cgroup (cgroup.procs perms): {log.read_text()}"
+    )
+    out = asyncio.run(step("python3 -c 'b = bytearray(400 << 20)'", Limits(memory_mb=64)))
+    assert out.result == "oom", f"the unit's memory limit must hold: {out}"
+    out = asyncio.run(step("python3 -c 'b = bytearray(200 << 20)'", None))
+    assert out.result == "ok", f"the next step without limits must not inherit 64 MiB: {out}"

@@ -114,7 +114,9 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-def _cgroup_dirs(node: str, index: int, create: bool) -> tuple[tuple[str, Path], ...]:
+def _cgroup_dirs(
+    node: str, index: int, create: bool, ids: tuple[int, int] | None = None
+) -> tuple[tuple[str, Path], ...]:
     """`kovanex/<node>/unit-<n>` in each cgroup hierarchy limits.py uses (none: rlimit host)."""
     mechanism = limitsmod.detect()
     if mechanism not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2):
@@ -131,6 +133,11 @@ def _cgroup_dirs(node: str, index: int, create: bool) -> tuple[tuple[str, Path],
                     limitsmod._write(d / "cgroup.subtree_control", wanted)
             except OSError as e:
                 raise UnitError(f"cannot create cgroup {d}: {e}; run as root") from e
+        if create and ids is not None and mechanism == limitsmod.CGROUP_V1:
+            # Delegate joining (cgroup.procs) to the unit, never its limit files: the
+            # step's shell joins its own unit cgroup and can reach no other (limits.py).
+            with contextlib.suppress(OSError):
+                os.chown(d / "cgroup.procs", *ids)
         if d.is_dir():
             found.append((ctrl, d))
     return tuple(found)
@@ -219,7 +226,7 @@ def units_for(
         path = base / f"unit-{n}"
         if create:
             _ensure_path(path, uid, gid)
-        out.append(Unit(n, name, uid, gid, path, _cgroup_dirs(node, n, create=create)))
+        out.append(Unit(n, name, uid, gid, path, _cgroup_dirs(node, n, create, (uid, gid))))
     return out
 
 
