@@ -336,7 +336,8 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     isolation line for status; says once, loudly, when steps are not isolated."""
     units = node_units(cfg, create=True)
     for u in units:
-        reset(u)
+        if n := reset(u):
+            _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
     if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
         return [], "no runner slots: this node runs no steps"
     if cfg.units_mode == NAMESPACE and namespace_works():
