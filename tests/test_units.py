@@ -17,7 +17,7 @@ from kovanex.runner import unitrepo
 from kovanex.runner import units as unitsmod
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step
-from tests.agentkit import Node, git, units_root
+from tests.agentkit import Node, exchange_dir, git, units_root
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="compute units need root (useradd, chown, setuid)"
@@ -252,3 +252,34 @@ def test_unit_step_limits_hold_and_the_step_cannot_leave_its_cgroup(units, tmp_p
     assert out.result == "oom", f"the unit's memory limit must hold: {out}"
     out = asyncio.run(step("python3 -c 'b = bytearray(200 << 20)'", None))
     assert out.result == "ok", f"the next step without limits must not inherit 64 MiB: {out}"
+
+
+@needs_root
+def test_nothing_that_runs_as_root_sees_the_step_env(units, tmp_path: Path) -> None:
+    """A task declares its steps' env: PATH or LD_PRELOAD reaching setpriv or the join
+    shell (both root) would run the task's code as root."""
+    bait = exchange_dir()
+    marker = bait / "ran-as"
+    for name in ("setpriv", "env", "sh", "mount", "unshare"):
+        fake = bait / name
+        fake.write_text(f"#!/bin/sh\nid -u >> {marker}\n")
+        fake.chmod(0o755)
+    log = tmp_path / "step.log"
+
+    async def step(limits: Limits | None):
+        return await run_step(
+            "echo path=$PATH; /usr/bin/id -u",
+            cwd=units[0].path,
+            env={"PATH": str(bait), "LD_PRELOAD": "", "HOME": str(units[0].path)},
+            timeout_s=10,
+            log_path=log,
+            limits=limits,
+            unit=units[0],
+        )
+
+    for limits in (None, Limits(memory_mb=128), Limits(memory_mb=128, mechanism="rlimit")):
+        out = asyncio.run(step(limits))
+        assert out.result == "ok", log.read_text()
+    assert not marker.exists(), f"a binary from the step's PATH ran: {marker.read_text()}"
+    text = log.read_text()
+    assert text.count(f"path={bait}") == 3 and text.count(f"\n{units[0].uid}\n") >= 2, text

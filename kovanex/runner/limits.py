@@ -17,6 +17,7 @@ import math
 import os
 import resource
 import shlex
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -32,12 +33,18 @@ CPU_PERIOD_US = 100_000
 # $1 is the step's command, the rest are cgroup.procs files; "0" means "me". Exit
 # 126 ("cannot execute") if a join fails: the step never runs outside its limits.
 _JOIN = 'c=$1; shift; for f in "$@"; do echo 0 > "$f" || exit 126; done; exec /bin/sh -c "$c"'
-# The same for a compute unit: join as root, then drop to the unit's uid/gid (no
-# groups, no new privileges) with setpriv, then the step's shell. $1 $2 = uid gid.
-_JOIN_AS = (
-    'u=$1; g=$2; c=$3; shift 3; for f in "$@"; do echo 0 > "$f" || exit 126; done; '
-    'exec setpriv --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- /bin/sh -c "$c"'
+# For a compute unit: join as root, then exec "$@" (setpriv ... env -i ... sh -c cmd).
+# $1 = how many cgroup.procs files follow.
+_JOIN_ALL = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 126; shift; n=$((n-1)); '
+    'done; exec "$@"'
 )
+# Whatever runs as root before the drop gets this env and absolute paths, never a byte
+# of the step's env (LD_PRELOAD, PATH, GCONV_PATH ... would run a task's code as root).
+_SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_ENV = {"PATH": _SYS_PATH, "LANG": "C"}
+SETPRIV = shutil.which("setpriv", path=_SYS_PATH) or "/usr/bin/setpriv"
+ENV = shutil.which("env", path=_SYS_PATH) or "/usr/bin/env"
 _counter = itertools.count(1)
 
 
@@ -201,7 +208,9 @@ class Applied:
         self._delegated = delegated  # its cgroup.procs is the unit's: it joins itself
         self._oom_base = oom_base  # the unit cgroup's oom_kill count before this step
 
-    def argv(self, command: str) -> tuple[list[str], Callable[[], None] | None]:
+    def argv(
+        self, command: str, env: dict[str, str] | None = None
+    ) -> tuple[list[str], Callable[[], None] | None]:
         """The step's argv and the preexec hook it needs (None: spawn may vfork).
 
         With cgroups only, a wrapper shell joins them and then execs the step's
@@ -210,20 +219,44 @@ class Applied:
         the bigger the agent) where vfork() costs ~1 ms. rlimits still need preexec.
         """
         if self.as_ids is not None:
-            uid, gid = map(str, self.as_ids)
-            drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-            if self._delegated and not self._rlimits:
-                # The step's own shell joins first, before a byte of the command runs;
-                # on one line, so the command's line numbers do not move.
-                join = "".join(f"echo 0 > {shlex.quote(p)} || exit 126; " for p in self._procs)
-                return [*drop, "--no-new-privs", "--", "/bin/sh", "-c", join + command], None
-            if self._procs and not self._rlimits:
-                argv = ["/bin/sh", "-c", _JOIN_AS, "kovanex-join", uid, gid, command]
-                return [*argv, *self._procs], None
-            return [*drop, "--no-new-privs", "--", "/bin/sh", "-c", command], self.preexec
+            return self._unit_argv(command, env or {})
         if self._procs and not self._rlimits:
             return ["/bin/sh", "-c", _JOIN, "kovanex-join", command, *self._procs], None
         return ["/bin/sh", "-c", command], self.preexec
+
+    def spawn_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The env to exec argv() with: a unit's step env travels inside argv (env -i)."""
+        return dict(ROOT_ENV) if self.as_ids is not None else env
+
+    def _unit_argv(
+        self, command: str, env: dict[str, str]
+    ) -> tuple[list[str], Callable[[], None] | None]:
+        """Join (as root), drop with setpriv, then `env -i <step env>` and the step's shell.
+
+        Run with spawn_env(): nothing before the drop sees the step's env.
+        """
+        assert self.as_ids is not None
+        uid, gid = self.as_ids
+        drop = [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs"]
+        step = [*drop, "--", ENV, "-i", *(f"{k}={v}" for k, v in env.items()), "/bin/sh", "-c"]
+        if self._delegated and not self._rlimits:
+            # The step's own shell joins first, before a byte of the command runs; on
+            # one line, so the command's line numbers do not move.
+            join = "".join(f"echo 0 > {shlex.quote(p)} || exit 126; " for p in self._procs)
+            return [*step, join + command], None
+        if self._procs and not self._rlimits:
+            n = str(len(self._procs))
+            return [
+                "/bin/sh",
+                "-c",
+                _JOIN_ALL,
+                "kovanex-join",
+                n,
+                *self._procs,
+                *step,
+                command,
+            ], None
+        return [*step, command], self.preexec
 
     @property
     def preexec(self) -> Callable[[], None] | None:

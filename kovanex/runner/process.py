@@ -23,7 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
+from kovanex.runner.limits import (
+    CGROUP_V1,
+    CGROUP_V2,
+    ENV,
+    RLIMIT,
+    ROOT_ENV,
+    Applied,
+    Limits,
+    apply,
+)
 from kovanex.runner.units import Unit, hidden
 
 KILL_GRACE_S = 2.0
@@ -163,8 +172,11 @@ async def _spawn(
     hide: list[Path] | None = None,
 ) -> _Child | asyncio.subprocess.Process:
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
-    argv, preexec = applied.argv(command)
-    argv = hidden(hide or [], argv)
+    argv, preexec = applied.argv(command, env)
+    env = applied.spawn_env(env)
+    if hide:  # the namespace wrapper runs as the agent: it gets no byte of the step's env
+        argv = hidden(hide, [ENV, "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
+        env = dict(ROOT_ENV)
     if fast and _PIDFD:
 
         def start() -> tuple[subprocess.Popen[bytes], int]:

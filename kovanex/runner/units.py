@@ -7,8 +7,9 @@ cgroup is the parent of every step cgroup it runs, and the node directory is 070
 and owned by the agent. See docs/decisions/0010-compute-units.md.
 
 Modes: `users` (system users `kx-<node>-<n>`, made by `kovanex init`), `uids`
-(bare uids from `uid_base`, no /etc/passwd entry), `none` (steps run as the
-agent; only honest where nothing else is possible, and then said so loudly).
+(bare uids from `uid_base`, no /etc/passwd entry), `namespace` (no root: steps run
+as the agent with the node's secrets hidden by a mount namespace, see hidden()),
+`none` (steps run as the agent; said so loudly, once, at start).
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ MODES = (USERS, UIDS, NAMESPACE, NONE)
 # a nested user+mount namespace runs the step, so those mounts are locked (the step,
 # root only inside its namespace, cannot unmount them to see underneath).
 # $1 = how many dirs follow; after them, the step's argv.
+_UNSHARE = shutil.which("unshare", path=limitsmod._SYS_PATH) or "/usr/bin/unshare"
+_MOUNT = shutil.which("mount", path=limitsmod._SYS_PATH) or "/usr/bin/mount"
 _HIDE = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    'if [ -d "$1" ]; then mount -t tmpfs -o size=4k,mode=000 kovanex-hidden "$1" || exit 126; '
-    'else mount --bind /dev/null "$1" || exit 126; fi; shift; n=$((n-1)); '
-    'done; exec unshare --user --map-root-user --mount -- "$@"'
+    f'if [ -d "$1" ]; then {_MOUNT} -t tmpfs -o size=4k,mode=000 kovanex-hidden "$1" || exit 126; '
+    f'else {_MOUNT} --bind /dev/null "$1" || exit 126; fi; shift; n=$((n-1)); '
+    f'done; exec {_UNSHARE} --user --map-root-user --mount -- "$@"'
 )
-_NS = ["unshare", "--user", "--map-root-user", "--mount", "--"]
+_NS = [_UNSHARE, "--user", "--map-root-user", "--mount", "--"]
 DEFAULT_ROOT = "/var/lib/kovanex/units"
 DEFAULT_UID_BASE = 61000
 USER_NAME_MAX = 32  # useradd's limit on Linux
 _NAME_OK = re.compile(r"^[a-z_][a-z0-9_-]*$")
-SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+SETPRIV = limitsmod.SETPRIV
 
 
 class UnitError(ConfigError):
@@ -76,9 +79,9 @@ class Unit:
     def drop_argv(self) -> list[str]:
         """Prefix that execs the rest as this unit: no groups, no new privileges.
 
-        setpriv runs after the wrapper shell has joined the cgroup and before the
-        step's own shell, so the drop happens in the child, between join and exec,
-        while the spawn can still vfork (Popen's user= would force a full fork).
+        For git runs in the unit's clone (unitrepo.py); steps are spawned through
+        limits.Applied, which also joins the unit's cgroup. Exec it with a root-safe
+        env (limits.ROOT_ENV): setpriv itself runs as root.
         """
         return [
             SETPRIV,
