@@ -184,7 +184,7 @@ async def _spawn(
                 argv,
                 cwd=cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=applied.stdin(),
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -215,7 +215,7 @@ async def _spawn(
         *argv,
         cwd=cwd,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=applied.stdin(),
         stdout=fd,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
@@ -370,12 +370,15 @@ async def run_step(
         proc = await _spawn(
             command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn, hide=hide
         )
+        applied.close_fds()
     except (OSError, subprocess.SubprocessError) as exc:
+        applied.close_fds()
         applied.cleanup()
         reason = f"could not start step: {exc}"
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
     except BaseException:
+        applied.close_fds()
         applied.cleanup()
         raise
     finally:
