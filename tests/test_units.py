@@ -283,3 +283,34 @@ def test_nothing_that_runs_as_root_sees_the_step_env(units, tmp_path: Path) -> N
     assert not marker.exists(), f"a binary from the step's PATH ran: {marker.read_text()}"
     text = log.read_text()
     assert text.count(f"path={bait}") == 3 and text.count(f"\n{units[0].uid}\n") >= 2, text
+
+
+@needs_root
+def test_bare_uid_units_need_no_passwd_entry(tmp_path: Path) -> None:
+    node = f"t{uuid.uuid4().hex[:6]}"
+    made = unitsmod.units_for(
+        node, 1, mode=unitsmod.UIDS, root=str(units_root()), uid_base=62917, create=True
+    )
+    try:
+        u = made[0]
+        assert (u.uid, u.gid) == (62917, 62917)
+        with pytest.raises(KeyError):
+            pwd.getpwuid(u.uid)
+        assert os.stat(u.path).st_uid == u.uid
+        log = tmp_path / "step.log"
+
+        async def main():
+            return await run_step(
+                "id -u; touch mine",
+                cwd=u.path,
+                env={"PATH": "/usr/bin:/bin"},
+                timeout_s=10,
+                log_path=log,
+                unit=u,
+            )
+
+        assert asyncio.run(main()).result == "ok", log.read_text()
+        assert log.read_text().split()[0] == "62917"
+        assert os.stat(u.path / "mine").st_uid == 62917
+    finally:
+        unitsmod.remove(made, delete_users=False)
