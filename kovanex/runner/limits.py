@@ -362,12 +362,6 @@ def apply(
     made under them, and a step without limits joins them directly, so the unit's
     cgroup always holds all of its processes. `as_ids` = (uid, gid) to run as.
     """
-    if parents and as_ids is not None and detect() == CGROUP_V1 and _delegated(parents, as_ids):
-        try:
-            return _apply_unit(limits or Limits(), parents, as_ids, timeout_s)
-        except OSError:  # e.g. EBUSY lowering a limit: fall back to a run cgroup below it
-            if limits is not None and limits.mechanism is not None:
-                raise
     if limits is None or (limits.cpu is None and limits.memory_mb is None):
         return Applied(NONE, list((parents or {}).values()), [], as_ids=as_ids, keep=True)
     mechanism = limits.mechanism or detect()
@@ -380,61 +374,6 @@ def apply(
             # The host changed under us (e.g. cgroup fs remounted read-only): a step
             # with weaker limits beats a step that cannot run at all.
     return Applied(RLIMIT, [], _rlimits(limits, timeout_s), as_ids=as_ids)
-
-
-def _delegated(parents: dict[str, Path], as_ids: tuple[int, int]) -> bool:
-    try:
-        return all(os.stat(d / "cgroup.procs").st_uid == as_ids[0] for d in parents.values())
-    except OSError:
-        return False
-
-
-_unit_values: dict[Path, str] = {}  # limit file -> value we last wrote (skip rewrites)
-
-
-def _set(path: Path, value: str) -> None:
-    if _unit_values.get(path) != value:
-        _unit_values.pop(path, None)
-        _write(path, value)
-        _unit_values[path] = value
-
-
-def _apply_unit(
-    limits: Limits, parents: dict[str, Path], as_ids: tuple[int, int], timeout_s: float
-) -> Applied:
-    """cgroup v1, compute unit: the step's limits go on the unit's own cgroup.
-
-    A unit runs one step at a time, so its cgroup can carry that step's limits: no
-    run cgroup to make and remove, and since the unit owns its cgroup.procs
-    (delegated, as systemd does for user slices) the step's shell joins by itself
-    after setpriv, with no root wrapper shell. The unit can write no other
-    cgroup.procs, so it has nowhere to escape to; the limit files stay root's.
-    """
-    if limits.memory_mb is not None and "memory" not in parents:
-        raise OSError("unit has no memory cgroup")
-    mem, cpu = parents.get("memory"), parents.get("cpu")
-    oom_base = 0
-    if mem is not None:
-        value = str(limits.memory_mb << 20) if limits.memory_mb is not None else "-1"
-        try:  # memsw >= mem at every moment: lower mem first, raise memsw first
-            _set(mem / "memory.limit_in_bytes", value)
-            with contextlib.suppress(FileNotFoundError):
-                _set(mem / "memory.memsw.limit_in_bytes", value)
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                _set(mem / "memory.memsw.limit_in_bytes", value)
-            _set(mem / "memory.limit_in_bytes", value)
-        oom_base = Applied(CGROUP_V1, [mem], []).oom_kills()
-    rl: list[tuple[int, int, int]] = []
-    if cpu is not None:
-        _set(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-        _set(cpu / "cpu.cfs_quota_us", str(_quota(limits.cpu)) if limits.cpu else "-1")
-    elif limits.cpu is not None:
-        rl = _rlimits(Limits(cpu=limits.cpu), timeout_s)
-    limited = limits.memory_mb is not None or (limits.cpu is not None and cpu is not None)
-    mechanism = CGROUP_V1 if limited else (RLIMIT if rl else NONE)
-    dirs = [d for d in (mem, cpu) if d is not None]
-    return Applied(mechanism, dirs, rl, as_ids=as_ids, keep=True, delegated=True, oom_base=oom_base)
 
 
 async def reap_stale() -> int:

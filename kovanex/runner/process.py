@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex.runner import units
 from kovanex.runner.limits import (
     CGROUP_V1,
     CGROUP_V2,
@@ -355,12 +356,7 @@ async def run_step(
         applied = (
             apply(limits, timeout_s=timeout_s)
             if unit is None
-            else apply(
-                limits,
-                timeout_s=timeout_s,
-                parents=unit.cgroup_dirs(),
-                as_ids=(unit.uid, unit.gid),
-            )
+            else units.apply(unit, limits, timeout_s)
         )
     except BaseException:
         os.close(fd)
