@@ -208,12 +208,9 @@ class TaskRun:
         """Without units, a mount namespace may still hide the node's secrets (units.py)."""
         if self.unit is not None or not self.agent.isolation.startswith("namespace"):
             return None
-        root = self.agent.layout.root
-        return [
-            p
-            for p in (root / "secrets", self.agent.layout.run, self.agent.layout.logs)
-            if p.is_dir()
-        ]
+        lay = self.agent.layout
+        hide = (lay.root / "secrets", lay.root / "keyring.json", lay.run, lay.logs)
+        return [p for p in hide if p.exists()]
 
     def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:
         if step.agent and spec.agent is not None:
