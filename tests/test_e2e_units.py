@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kovanex.runner import units as unitsmod
 from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
 
-pytestmark = pytest.mark.skipif(
+needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="compute units need root (useradd, setuid); CI runs as root"
 )
 
@@ -36,6 +37,7 @@ def _results(path: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
+@needs_root
 def test_a_step_cannot_reach_the_node_or_another_unit(node: Node, tmp_path: Path) -> None:
     token_path = node.data / "secrets" / "cluster.token"
     token = token_path.read_text().strip()
@@ -115,3 +117,30 @@ timeout_s = 120
     # The branch holds only what the step may see: no secret in its commits or logs.
     git("fetch", "-q", "origin", "task/probe-1", cwd=clone)
     assert git("grep", "-q", token, "FETCH_HEAD", cwd=clone, check=False).returncode != 0
+
+
+@pytest.mark.skipif(not unitsmod.namespace_works(), reason="no user+mount namespaces here")
+def test_namespace_mode_hides_the_secret_from_a_pushed_step(tmp_path: Path) -> None:
+    """The no-root fallback, through a real agent: the node's secrets dir is an empty
+    locked tmpfs in the step's mount namespace."""
+    node = Node(tmp_path, "ns1", "--units", "namespace").start()
+    try:
+        token_path = node.data / "secrets" / "cluster.token"
+        token = token_path.read_text().strip()
+        assert "isolation namespace:" in node.kx("status").stdout
+        res = exchange_dir() / "out"
+        spec = f"""
+[[steps]]
+name = "probe"
+run = "cat {token_path} > {res} 2>&1; find / -name cluster.token 2>/dev/null | xargs -r cat >> {res}; umount {token_path.parent} >> {res} 2>&1; echo end >> {res}"
+timeout_s = 120
+"""
+        clone = clone_with_task(node, "demo", tmp_path / "c", "ns-1", spec)
+        git("push", "-q", "origin", "task/ns-1", cwd=clone)
+        wait_for(lambda: node.show("ns-1")["state"] == "succeeded", 150, "ns-1 to finish")
+        out = res.read_text()
+        assert "end" in out, out
+        assert token not in out, f"the mount namespace (tmpfs over secrets/) did not hide it: {out}"
+        assert token_path.read_text().strip() == token
+    finally:
+        node.stop()
