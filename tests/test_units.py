@@ -314,3 +314,20 @@ def test_bare_uid_units_need_no_passwd_entry(tmp_path: Path) -> None:
         assert os.stat(u.path / "mine").st_uid == 62917
     finally:
         unitsmod.remove(made, delete_users=False)
+
+
+def test_each_held_slot_gets_its_own_unit_and_gives_it_back() -> None:
+    from kovanex.runner import RunnerSlots
+
+    slots = RunnerSlots(3)
+    assert slots.try_acquire() and slots.try_acquire()
+    a, b = slots.take_unit(), slots.take_unit()
+    assert (a, b) == (0, 1)
+    slots.give_unit(a)
+    slots.release()
+    assert slots.try_acquire()
+    assert slots.take_unit() == 0, "the lowest free unit is reused (its clone is warm)"
+    assert slots.try_acquire()
+    assert slots.take_unit() == 2
+    with pytest.raises(RuntimeError):
+        slots.take_unit()
