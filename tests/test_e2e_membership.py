@@ -6,6 +6,8 @@ every role starts and does its job."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -181,3 +183,37 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.mark.slow
+def test_a_wedged_runner_loses_the_task_at_the_placement_deadline(tmp_path: Path) -> None:
+    """The runner is alive on gossip (nobody probed it yet) but stopped: it never starts
+    the lease. The owner requeues it at its 2 s deadline, says so, and skips that node."""
+    st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
+    cfg = st.data / "kovanex.toml"
+    cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\nplacement_deadline = 2.0\n")
+    # probe rarely, so the stopped runner still looks alive when the task is placed
+    cfg.write_text(cfg.read_text() + "probe_interval = 120.0\n")
+    value = layout(st).token_file.read_text().strip()
+    r1 = Node(tmp_path, "r1", "--role", "runner", "--profile", "local", "--token", value)
+    try:
+        st.start()
+        r1.start("--join", bind_of(st))
+        wait_for(lambda: names(st).get("r1") == "alive", 30, "r1 joined")
+        assert r1.proc is not None
+        os.kill(r1.proc.pid, signal.SIGSTOP)
+        clone = clone_with_task(st, "demo", tmp_path / "c", "w-1", SPEC)
+        git("push", "origin", "task/w-1", cwd=clone)
+        wait_for(lambda: st.show("w-1")["state"] == "unschedulable", 30, "requeue at deadline")
+        trs = trailers_of(st.repo("demo"), "task/w-1")
+        requeue = next(
+            t for t in trs if t.get("Kovanex-State") == "queued" and "Kovanex-Excluded" in t
+        )
+        assert requeue["Kovanex-Reason"] == "runner r1 did not start the task within 2s"
+        assert requeue["Kovanex-Excluded"] == "r1"
+        assert [t["Kovanex-Node"] for t in trs if t.get("Kovanex-State") == "placed"] == ["r1"]
+    finally:
+        if r1.proc is not None:
+            os.kill(r1.proc.pid, signal.SIGCONT)
+        st.stop()
+        r1.stop()
