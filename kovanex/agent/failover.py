@@ -95,12 +95,17 @@ class Failover(_Base):
         async with self.locks.setdefault(key, asyncio.Lock()):
             if key in self.runs:
                 return
-            remote = RemoteLedger(
-                self.layout.root / "cache" / f"{repo}.git",
-                lambda: self.owner_url(repo),
-                self.token,
-                self.node,
-            )
+            try:
+                remote = RemoteLedger(
+                    self.layout.root / "cache" / f"{repo}.git",
+                    lambda: self.owner_url(repo),
+                    self.token,
+                    self.node,
+                )
+            except Exception as e:  # noqa: BLE001 - e.g. the cache dir is unusable
+                log.warning("%s/%s: cannot prepare a cache repo: %s", repo, task_id, e)
+                self.report_start_failure(repo, task_id, epoch, f"could not prepare: {e}")
+                return
             try:
                 view = await asyncio.to_thread(remote.read, task_id)
             except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
