@@ -143,15 +143,19 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
     bad = Node(tmp_path, "bad", "--role", "runner", "--profile", "local", "--token", wrong)
     good = Node(tmp_path, "good", "--role", "runner", "--profile", "local", "--token", value)
     srv = Node(tmp_path, "srv", "--role", "server", "--profile", "local", "--token", value)
-    nodes = (st, bad, good, srv)
+    st2 = Node(tmp_path, "st2", "--role", "storage", "--profile", "local", "--token", value)
+    nodes = (st, bad, good, srv, st2)
     try:
         st.start()
         srv.start("--join", bind_of(st))
         bad.start("--join", bind_of(st))
+        st2.start("--join", bind_of(st))
         wait_for(
-            lambda: {k for k, v in names(st).items() if v == "alive"} == {"st", "srv", "bad"},
+            lambda: (
+                {k for k, v in names(st).items() if v == "alive"} == {"st", "srv", "bad", "st2"}
+            ),
             30,
-            "storage, server and the bad runner in one cluster",
+            "storage x2, server and the bad runner in one cluster",
         )
         assert status(st)["runners"] == {"total": 0, "used": 0}
         assert status(srv)["runners"] == {"total": 0, "used": 0}
@@ -178,8 +182,17 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
         epochs = [int(t["Kovanex-Epoch"]) for t in trs if t.get("Kovanex-State") == "placed"]
         assert epochs[0] > epochs[-1]
         # the server node: up, part of the cluster, answering the control API
-        assert {"st", "bad", "good", "srv"} <= set(names(srv))
+        assert {"st", "bad", "good", "srv", "st2"} <= set(names(srv))
         assert srv.kx("status").returncode == 0
+        # the second storage node holds the repo's replica (async, 1 replica by default)
+        done = git("rev-parse", "task/r-1", cwd=st.repo("demo")).stdout.strip()
+
+        def replicated() -> bool:
+            r = git("rev-parse", "task/r-1", cwd=st2.repo("demo"), check=False)
+            return r.returncode == 0 and r.stdout.strip() == done
+
+        wait_for(replicated, 30, "the task's final state replicated to st2")
+        assert not any(n.repo("demo").exists() for n in (bad, good, srv))
     finally:
         for n in nodes:
             n.stop()
