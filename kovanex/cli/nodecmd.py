@@ -142,10 +142,9 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
     if cfg.insecure_gossip:
         print("warning: --insecure-gossip: gossip is plaintext; anyone on the network can join")
-    print(
-        f"joiners need the cluster token in {layout.token_file} (secret + gossip key): "
-        f'kovanex init --token-file COPY_OF_IT --join {cfg.gossip_bind}  or  --token "$(cat …)"'
-    )
+    print(f"to add a node, copy {layout.token_file} (cluster secret + gossip key) to it, then:")
+    print(f"  kovanex init --data DIR --name NAME --token-file COPY --join {cfg.gossip_bind}")
+    print(f'  (on this machine: --token "$(cat {layout.token_file})")')
     print(f"next: kovanex agent --data {layout.root}")
     return 0
 
