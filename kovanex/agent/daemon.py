@@ -95,6 +95,7 @@ class Agent(ControlOps, Failover):
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
         # placed leases waiting to be started, with the owner's clock (ADR 0012)
         self.lease_watches: dict[Key, startwatch.Watch] = {}
+        self.start_failures: dict[Key, startwatch.StartFailure] = {}
         self._lease_kick = asyncio.Event()
 
     # -- repos and ledgers -------------------------------------------------------------

@@ -215,7 +215,7 @@ class Failover(_Base):
             return
         self.cluster.node.publish(
             START_FAILED,
-            f"{repo}/{task_id}",
+            self.node,  # one record per runner keeps gossip state bounded by cluster size
             {
                 "repo": repo,
                 "task": task_id,
@@ -227,8 +227,10 @@ class Failover(_Base):
         )
 
     def _on_start_failed(self, topic: str, payload: Any) -> None:
-        value = getattr(payload, "value", None)
-        if isinstance(value, dict) and value.get("repo") in self.owned_repos():
+        """Keep each report as it arrives: the runner's next report replaces its record."""
+        f = _failure_of(getattr(payload, "value", None))
+        if f is not None and f[0][0] in self.owned_repos():
+            self.start_failures[f[0]] = f[1]
             self._lease_kick.set()
 
     def watch_lease(self, key: tuple[str, str], view: taskcore.TaskView) -> None:
@@ -247,17 +249,16 @@ class Failover(_Base):
         return asyncio.get_running_loop().time()
 
     def _reported_failure(self, key: tuple[str, str]) -> startwatch.StartFailure | None:
+        """A report delivered to us, or one still held in gossip state (after a restart)."""
+        if key in self.start_failures:
+            return self.start_failures[key]
         if self.cluster is None:
             return None
-        v = self.cluster.node.get(START_FAILED, f"{key[0]}/{key[1]}")
-        if not isinstance(v, dict):
-            return None
-        try:
-            return startwatch.StartFailure(
-                str(v["node"]), int(v["epoch"]), str(v["reason"]), bool(v.get("exclude", True))
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
+        for v in self.cluster.node.items(START_FAILED).values():
+            f = _failure_of(v)
+            if f is not None and f[0] == key:
+                return f[1]
+        return None
 
     async def _placement_guard(self) -> None:
         """Wake at the earliest deadline (or on a runner's report) and requeue what is due."""
@@ -295,6 +296,7 @@ class Failover(_Base):
                 w = startwatch.watch(view, w, now)
                 if w is None:
                     self.lease_watches.pop(key, None)
+                    self.start_failures.pop(key, None)
                     continue
                 self.lease_watches[key] = w
                 tr = startwatch.decide(
@@ -307,6 +309,7 @@ class Failover(_Base):
                 except (CasConflict, StaleEpoch):
                     continue
                 self.lease_watches.pop(key, None)
+                self.start_failures.pop(key, None)
                 log.warning("%s/%s requeued: %s", repo, task_id, tr.reason)
                 if self.cluster is not None:
                     self.cluster.record(
@@ -315,8 +318,22 @@ class Failover(_Base):
                 self.tips[key] = tip
                 self.pending[key] = (tip, self._priority(key))
                 moved = True
+        for key in [k for k in self.start_failures if k not in self.lease_watches]:
+            del self.start_failures[key]  # a report for a lease that is no longer placed
         if moved:
             self._on_ref_change("")
+
+
+def _failure_of(v: Any) -> tuple[tuple[str, str], startwatch.StartFailure] | None:
+    if not isinstance(v, dict):
+        return None
+    try:
+        key = (str(v["repo"]), str(v["task"]))
+        return key, startwatch.StartFailure(
+            str(v["node"]), int(v["epoch"]), str(v["reason"]), bool(v.get("exclude", True))
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def fetch_failure(e: Exception) -> str:
