@@ -116,8 +116,10 @@ def test_cluster_verbs_join_leave_force_leave_and_event_handler(tmp_path: Path) 
         cfg.read_text()
         + f'\n[event_handlers]\n"member-join" = "env | grep ^KOVANEX_ >> {out}; cat >> {out}"\n'
     )
-    b = Node(tmp_path, "b", "--profile", "local")
-    c = Node(tmp_path, "c", "--profile", "local")
+    # gossip is authenticated by the cluster token's key: joiners share a's token
+    token = (a.data / "secrets" / "cluster.token").read_text().strip()
+    b = Node(tmp_path, "b", "--profile", "local", "--token", token)
+    c = Node(tmp_path, "c", "--profile", "local", "--token", token)
     bind = (a.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
     try:
         a.start()

@@ -23,7 +23,7 @@ from kovanex import spec as specmod
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.control import ControlServer
 from kovanex.agent.executor import Lease, TaskRun, kill_orphan
-from kovanex.agent.failover import Failover
+from kovanex.agent.failover import START_FAILED, Failover
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.ops import ControlOps
@@ -31,6 +31,7 @@ from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.replica import ReplicaManager
 from kovanex.agent.watcher import RefWatcher
 from kovanex.cli.repocmd import install_hooks
+from kovanex.core import startwatch
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
@@ -93,6 +94,10 @@ class Agent(ControlOps, Failover):
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
+        # placed leases waiting to be started, with the owner's clock (ADR 0012)
+        self.lease_watches: dict[Key, startwatch.Watch] = {}
+        self.start_failures: dict[Key, startwatch.StartFailure] = {}
+        self._lease_kick = asyncio.Event()
 
     # -- repos and ledgers -------------------------------------------------------------
     def repo_path(self, repo: str) -> Path:
@@ -198,6 +203,7 @@ class Agent(ControlOps, Failover):
         self.cluster = Cluster(self)
         await self.cluster.start()
         self.cluster.node.subscribe("assign", self._on_assign)
+        self.cluster.node.subscribe(START_FAILED, self._on_start_failed)
         self.replicas = ReplicaManager(
             node_name=self.node,
             repos_dir=self.layout.repos,
@@ -217,6 +223,7 @@ class Agent(ControlOps, Failover):
             asyncio.create_task(self._gossip_refresher()),
             asyncio.create_task(self.health.run(self.stop_event)),
             asyncio.create_task(self._lease_guard()),
+            asyncio.create_task(self._placement_guard()),
         ]
         log.info("agent %s ready (hook port %d)", self.node, self.hooks.port)
         if on_ready:
@@ -352,6 +359,7 @@ class Agent(ControlOps, Failover):
             ledger = self.ledger(repo)
             view = ledger.read(task_id)
             self.tips[key] = view.tip
+            self.watch_lease(key, view)
             run = self.runs.get(key)
             if run is not None and (
                 view.epoch != run.lease.epoch
@@ -442,6 +450,7 @@ class Agent(ControlOps, Failover):
                     return
                 self.pending.pop(key, None)
                 self.tips[key] = lease.tip
+                self.watch_lease(key, ledger.read(task_id))
                 if self.cluster is not None:
                     self.cluster.node.publish(
                         "assign",
@@ -470,6 +479,7 @@ class Agent(ControlOps, Failover):
                 return
             self.pending.pop(key, None)
             self.tips[key] = lease.tip
+            self.watch_lease(key, ledger.read(task_id))
             run = TaskRun(self, Lease(repo, task_id, self.node, lease.epoch))
             run.request = request_of(repo, task_id, spec)
             self.runs[key] = run

@@ -37,6 +37,7 @@ class ControlOps(_Base):
                 "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
                 "hook_port": self.hooks.port,
+                "gossip": self.cluster.security() if self.cluster is not None else {},
             }
         if op == "units":
             busy = {

@@ -17,11 +17,12 @@ class RunnerSlots:
     """A semaphore whose free/used counts are public, so the agent can advertise capacity.
 
     Waiters are served first come, first served; a cancelled waiter takes no slot.
+    Zero slots is a node that runs nothing (SERVER and STORAGE roles): it never acquires.
     """
 
     def __init__(self, total: int) -> None:
-        if total < 1:
-            raise ValueError(f"total must be >= 1, got {total}")
+        if total < 0:
+            raise ValueError(f"runner slots must be >= 0, got {total}")
         self.total = total
         self._used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
