@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.inputlimits import InputLimits
+
 ROLES = ("full", "server", "runner", "storage")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -96,6 +98,7 @@ class NodeConfig:
     strategy: str = "best-fit"
     modules: list[dict[str, Any]] = field(default_factory=list)
     event_handlers: dict[str, str] = field(default_factory=dict)
+    limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
 
     def to_toml(self) -> str:
         lines = [
@@ -121,6 +124,9 @@ class NodeConfig:
         if self.event_handlers:
             lines += ["", "[event_handlers]"]
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
+        if self.limits.changed():
+            lines += ["", "[limits]"]
+            lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -151,6 +157,7 @@ class NodeConfig:
             strategy=str(doc.get("scheduler", {}).get("strategy", "best-fit")),
             modules=list(doc.get("modules", [])),
             event_handlers={str(k): str(v) for k, v in doc.get("event_handlers", {}).items()},
+            limits=_limits(doc.get("limits", {}), path),
         )
         cfg.check(path)
         return cfg
@@ -162,6 +169,15 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
+
+
+def _limits(table: Any, path: str) -> InputLimits:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [limits] must be a table")
+    try:
+        return InputLimits.from_table(table, path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def load(layout: Layout) -> NodeConfig:

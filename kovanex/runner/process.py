@@ -23,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
+from kovanex.runner.logsink import LogSink
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -312,6 +314,7 @@ async def run_step(
     on_start: Callable[[int], None] | None = None,
     kill_grace_s: float = KILL_GRACE_S,
     fast_spawn: bool = True,
+    log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
@@ -324,26 +327,28 @@ async def run_step(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sink = LogSink(log_path, log_max_bytes)  # the node log's own cap (logsink.py)
+    fd, start = sink.child_fd, sink.start
     try:
-        start = os.fstat(fd).st_size
         applied = apply(limits, timeout_s=timeout_s)
     except BaseException:
-        os.close(fd)
+        await sink.aclose()
         raise
     mechanism = applied.mechanism
     try:
         proc = await _spawn(command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn)
     except (OSError, subprocess.SubprocessError) as exc:
         applied.cleanup()
+        await sink.aclose()
         reason = f"could not start step: {exc}"
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
     except BaseException:
         applied.cleanup()
+        await asyncio.shield(sink.aclose())
         raise
     finally:
-        os.close(fd)
+        sink.close_child_end()
     pgid = proc.pid  # start_new_session: the leader's pid is the pgid
     waiter = asyncio.ensure_future(proc.wait())
     canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
@@ -355,6 +360,7 @@ async def run_step(
         done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             await _terminate(proc, pgid, applied, kill_grace_s)
+            await sink.drain()
             result, reason = (
                 (KILLED, "step cancelled; process group killed")
                 if canceller is not None and canceller in done
@@ -365,6 +371,7 @@ async def run_step(
         rc = waiter.result()
         leftovers = _tree_alive(proc, pgid, applied)
         await _terminate(proc, pgid, applied, kill_grace_s)
+        await sink.drain()  # every byte in the file before we read its tail or append
         if _looks_oom(applied, limits, rc, log_path, start):
             assert limits is not None and limits.memory_mb is not None
             reason = f"step hit the memory limit of {limits.memory_mb} MiB ({mechanism})"
@@ -390,3 +397,4 @@ async def run_step(
         if isinstance(proc, _Child):
             proc.close()
         await asyncio.shield(applied.close())
+        await asyncio.shield(sink.aclose())
