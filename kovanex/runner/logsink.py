@@ -58,6 +58,7 @@ class LogSink:
         self.dropped = 0
         self._tail: deque[bytes] = deque()
         self._tail_len = 0
+        self.peak_kept = 0  # the most output held in memory at once (tests, status)
         self._broken = False
         self._thread = threading.Thread(target=self._pump, name=f"log {path.name}", daemon=True)
         self._thread.start()
@@ -109,6 +110,7 @@ class LogSink:
                 self._tail[0] = first[over:]
                 self._tail_len -= over
                 self.dropped += over
+        self.peak_kept = max(self.peak_kept, self._tail_len)
 
     def _pump(self) -> None:
         try:
@@ -129,5 +131,6 @@ class LogSink:
                 self._write(dropped_marker(self.dropped))
                 self._write(b"".join(self._tail))
                 self._tail.clear()
+                self._tail_len = 0
         finally:
             os.close(self._r)
