@@ -11,6 +11,7 @@ BENCHES = [
     ["bench.placement"],
     ["bench.cluster_bench", "--trials", "5", "--pushes", "30"],
     ["bench.gossip_sim"],
+    ["bench.log_bench", "--runs", "30"],
 ]
 
 
