@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.inputlimits import InputLimits
+
 ROLES = ("full", "server", "runner", "storage")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -105,6 +107,7 @@ class NodeConfig:
     units_uid_base: int = 61000
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
+    limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
 
     def to_toml(self) -> str:
         lines = [
@@ -134,6 +137,9 @@ class NodeConfig:
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
         lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+        if self.limits.changed():
+            lines += ["", "[limits]"]
+            lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -168,6 +174,7 @@ class NodeConfig:
             units_mode=str(doc.get("units", {}).get("mode", "none")),
             units_root=str(doc.get("units", {}).get("root", "")),
             units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
+            limits=_limits(doc.get("limits", {}), path),
         )
         cfg.check(path)
         return cfg
@@ -183,6 +190,15 @@ class NodeConfig:
             raise ConfigError(
                 f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
+
+
+def _limits(table: Any, path: str) -> InputLimits:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [limits] must be a table")
+    try:
+        return InputLimits.from_table(table, path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def load(layout: Layout) -> NodeConfig:

@@ -14,6 +14,8 @@ from kovanex import spec as specmod
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits
 
 ZERO = "0" * 40
 SPEC_PATH = ".kovanex/task.toml"
@@ -85,6 +87,7 @@ def check_pre_receive(
     node: str = "",
     preview: Previewer | None = None,
     owner_url: Callable[[], str | None] | None = None,
+    limits: InputLimits = DEFAULT_LIMITS,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
     refuse writes to a replica; honour dry-run."""
@@ -115,14 +118,18 @@ def check_pre_receive(
         if u.new == ZERO:
             _check_delete(ledger, task_id, verdict)
             continue
-        data = store.read_file(u.new, SPEC_PATH)
-        if data is None:
+        size = store.file_size(u.new, SPEC_PATH)
+        if size is None:
             verdict.reject(
                 f"kovanex: task/{task_id}: no {SPEC_PATH} in the pushed commit; "
                 f"create one with `kovanex task new {task_id} --template shell`"
             )
             continue
-        errors = specmod.validate(data, SPEC_PATH)
+        if size > limits.spec_bytes:  # refused by its size: never read, never parsed
+            verdict.reject(f"kovanex: task/{task_id}: {specmod.too_big(size, SPEC_PATH, limits)}")
+            continue
+        data = store.read_file(u.new, SPEC_PATH) or b""
+        errors = specmod.validate(data, SPEC_PATH, limits)
         if errors:
             for e in errors:
                 verdict.reject(f"kovanex: task/{task_id}: {e}")
@@ -134,7 +141,7 @@ def check_pre_receive(
             _check_running(store, ledger, task_id, u, verdict)
             _check_epoch(store, ledger, task_id, u, verdict)
         if options.dry_run and preview is not None:
-            spec = specmod.load_spec(data, SPEC_PATH)
+            spec = specmod.load_spec(data, SPEC_PATH, limits)
             verdict.messages.append(f"kovanex: dry-run task/{task_id}: {preview(task_id, spec)}")
     if options.dry_run:
         if verdict.ok:

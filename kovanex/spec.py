@@ -18,11 +18,15 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError
 
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits, human
+
 SPEC_PATH = ".kovanex/task.toml"
 KINDS = ("job", "deployment")
 FAILOVER_MODES = ("absolute_consistency", "split_brain_allowed")
 STRATEGIES = ("best-fit", "locality", "round-robin", "spread")
 DEFAULT_TIMEOUT_S = 3600
+DEFAULT_LOG_BYTES = 64 * 1024  # the capped log kept on the branch per step (ADR 0004)
 
 
 class SpecError(Exception):
@@ -84,6 +88,7 @@ class TaskSpec:
     description: str = ""
     placement: Placement = field(default_factory=Placement)
     agent: AgentSpec | None = None
+    log_bytes: int = DEFAULT_LOG_BYTES
 
 
 @cache
@@ -203,24 +208,86 @@ def _parse(data: bytes, path: str) -> tuple[dict[str, Any] | None, list[SpecErro
         return None, [SpecError(path, "(toml)", str(exc))]
 
 
-def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
-    """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field."""
+def too_big(size: int, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS) -> SpecError:
+    """The refusal for a spec over the size limit, known from its size alone (never read)."""
+    return SpecError(
+        path,
+        "(file)",
+        f"is {human(size)}; the limit is {human(limits.spec_bytes)} (limits.spec_bytes); "
+        "move data out of the spec into files of the branch",
+    )
+
+
+def _limit_errors(doc: dict[str, Any], path: str, limits: InputLimits) -> list[SpecError]:
+    """Counts over a node's limits, checked before the schema so a huge spec costs little."""
+    errs: list[SpecError] = []
+    steps = doc.get("steps")
+    if isinstance(steps, list):
+        if len(steps) > limits.steps:
+            errs.append(
+                SpecError(
+                    path,
+                    "steps",
+                    f"has {len(steps)} steps; the limit is {limits.steps} (limits.steps); "
+                    "combine steps into scripts",
+                )
+            )
+        for i, st in enumerate(steps[: limits.steps]):
+            env = st.get("env") if isinstance(st, dict) else None
+            if isinstance(env, dict) and len(env) > limits.env_entries:
+                errs.append(
+                    SpecError(
+                        path,
+                        f"steps[{i}].env",
+                        f"has {len(env)} entries; the limit is {limits.env_entries} "
+                        "(limits.env_entries); put settings in a file of the branch",
+                    )
+                )
+    log = doc.get("log_bytes")
+    if isinstance(log, int) and not isinstance(log, bool) and log > limits.log_bytes:
+        errs.append(
+            SpecError(
+                path,
+                "log_bytes",
+                f"asks for {human(log)} of log per step; the limit is "
+                f"{human(limits.log_bytes)} (limits.log_bytes)",
+            )
+        )
+    return errs
+
+
+def validate(
+    data: bytes, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS
+) -> list[SpecError]:
+    """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field.
+
+    Limits come first: an oversized spec is refused by its size without being parsed, and
+    a spec over a count limit is refused without the schema walking all of it."""
+    if len(data) > limits.spec_bytes:
+        return [too_big(len(data), path, limits)]
     doc, errs = _parse(data, path)
     if doc is None:
         return errs
+    over = _limit_errors(doc, path, limits)
+    if over:
+        return over
     return _schema_errors(doc, path) + _cross_field_errors(doc, path)
 
 
-def load_spec(data: bytes, path: str = SPEC_PATH) -> TaskSpec:
+def load_spec(data: bytes, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS) -> TaskSpec:
     """Parse and validate; raise the first SpecError, else return the spec with defaults filled.
 
-    Cached by content: the agent loads the same spec at queue, placement and run time."""
-    return _load_cached(bytes(data), path)
+    Cached by content: the agent loads the same spec at queue, placement and run time.
+    A spec over the size limit is refused before it is parsed (one that arrived by
+    replication never passed this node's pre-receive)."""
+    if len(data) > limits.spec_bytes:
+        raise too_big(len(data), path, limits)
+    return _load_cached(bytes(data), path, limits)
 
 
 @lru_cache(maxsize=1024)
-def _load_cached(data: bytes, path: str) -> TaskSpec:
-    errs = validate(data, path)
+def _load_cached(data: bytes, path: str, limits: InputLimits) -> TaskSpec:
+    errs = validate(data, path, limits)
     if errs:
         raise errs[0]
     doc, _ = _parse(data, path)
@@ -262,4 +329,5 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
         description=doc.get("description", ""),
         placement=placement,
         agent=agent,
+        log_bytes=doc.get("log_bytes", DEFAULT_LOG_BYTES),
     )

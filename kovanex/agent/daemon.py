@@ -512,6 +512,7 @@ class Agent(ControlOps, Failover):
                     if self.replicas is None or self.replicas.is_owner(repo)
                     else self.owner_desc(repo)
                 ),
+                limits=self.cfg.limits,
             )
             if verdict.ok and self.replicas is not None and self.replicas.is_owner(repo):
                 # last check: a commit the replicas acked but we then refused could be

@@ -157,7 +157,7 @@ class TaskRun:
     async def _run(self) -> None:
         view = await self._view()
         data = self.ledger.spec_bytes(self.lease.task_id)
-        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH)
+        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH, self.agent.cfg.limits)
         total = len(spec.steps)
         if view.state == taskcore.PLACED:
             view = await self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
@@ -246,6 +246,7 @@ class TaskRun:
             on_start=self._remember_pid,
             unit=self.unit,
             hide=self._hidden(),
+            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
         )
         self._forget_pid()
         if self.cancel.is_set():
@@ -256,7 +257,8 @@ class TaskRun:
                 f"in {outcome.duration_s:.2f}s (limits: {outcome.limit_mechanism})\n".encode()
             )
         rel = f".kovanex/logs/{index + 1}-{step.name}.log"
-        capped = runlogs.capped(log_path.read_bytes())
+        # head and tail only: a step that printed gigabytes must not pass through our memory
+        capped = await asyncio.to_thread(runlogs.read_capped, log_path, spec.log_bytes)
         view = await self._view()
         trs = taskcore.step_done(
             view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
@@ -308,6 +310,7 @@ class TaskRun:
             on_restart=restarted,
             unit=self.unit,
             hide=self._hidden(),
+            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
         )
         raise StandDown(self.why or "service stopped")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kovanex import __version__
@@ -57,12 +58,30 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(rest)
     layout = cfgmod.Layout(cfgmod.data_dir(data))
     try:
-        return int(args.func(args, layout) or 0)
+        rc = int(args.func(args, layout) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return rc
     except (CliError, cfgmod.ConfigError) as e:
         print(f"kovanex: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_left()
+
+
+SIGPIPE_STATUS = 141  # what git and a shell report for a writer whose reader left (128 + 13)
+
+
+def _reader_left() -> int:
+    """`kovanex task list | head`: the reader has what it wanted; leave without a word.
+
+    Python would flush stdout again at exit and print a second BrokenPipeError, so stdout
+    is pointed at /dev/null first (the recipe in the `signal` module's documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_STATUS
 
 
 if __name__ == "__main__":

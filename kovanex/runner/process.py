@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.runner import units
 from kovanex.runner.limits import (
     CGROUP_V1,
@@ -34,6 +35,7 @@ from kovanex.runner.limits import (
     Limits,
     apply,
 )
+from kovanex.runner.logsink import LogSink
 from kovanex.runner.units import Unit, hidden
 
 KILL_GRACE_S = 2.0
@@ -336,12 +338,13 @@ async def run_step(
     fast_spawn: bool = True,
     unit: Unit | None = None,
     hide: list[Path] | None = None,
+    log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
-    The child writes straight into the log file (no pipe through the agent), so
-    followers see output as soon as the child flushes it, and a busy event loop
-    can never stall a chatty step. `timeout_s` may be math.inf (services).
+    The child writes into a pipe that a thread copies into the log file up to the
+    node's cap (logsink.py), so followers see output as soon as the child flushes
+    it, and a busy event loop can never stall a chatty step. `timeout_s` may be math.inf (services).
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline. With a compute `unit`, the step runs as the unit's uid inside the
@@ -350,16 +353,16 @@ async def run_step(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sink = LogSink(log_path, log_max_bytes)  # the node log's own cap (logsink.py)
+    fd, start = sink.child_fd, sink.start
     try:
-        start = os.fstat(fd).st_size
         applied = (
             apply(limits, timeout_s=timeout_s)
             if unit is None
             else units.apply(unit, limits, timeout_s)
         )
     except BaseException:
-        os.close(fd)
+        await sink.aclose()
         raise
     mechanism = applied.mechanism
     try:
@@ -370,15 +373,17 @@ async def run_step(
     except (OSError, subprocess.SubprocessError) as exc:
         applied.close_fds()
         applied.cleanup()
+        await sink.aclose()
         reason = f"could not start step: {exc}"
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
     except BaseException:
         applied.close_fds()
         applied.cleanup()
+        await asyncio.shield(sink.aclose())
         raise
     finally:
-        os.close(fd)
+        sink.close_child_end()
     pgid = proc.pid  # start_new_session: the leader's pid is the pgid
     waiter = asyncio.ensure_future(proc.wait())
     canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
@@ -390,6 +395,7 @@ async def run_step(
         done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             await _terminate(proc, pgid, applied, kill_grace_s)
+            await sink.drain()
             result, reason = (
                 (KILLED, "step cancelled; process group killed")
                 if canceller is not None and canceller in done
@@ -400,6 +406,7 @@ async def run_step(
         rc = waiter.result()
         leftovers = _tree_alive(proc, pgid, applied)
         await _terminate(proc, pgid, applied, kill_grace_s)
+        await sink.drain()  # every byte in the file before we read its tail or append
         if _looks_oom(applied, limits, rc, log_path, start):
             assert limits is not None and limits.memory_mb is not None
             reason = f"step hit the memory limit of {limits.memory_mb} MiB ({mechanism})"
@@ -425,3 +432,4 @@ async def run_step(
         if isinstance(proc, _Child):
             proc.close()
         await asyncio.shield(applied.close())
+        await asyncio.shield(sink.aclose())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.core.backoff import Backoff
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import KILL_GRACE_S, KILLED, _append, run_step
 from kovanex.runner.units import Unit
@@ -46,6 +47,7 @@ async def supervise(
     kill_grace_s: float = KILL_GRACE_S,
     unit: Unit | None = None,
     hide: list[Path] | None = None,
+    log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
 ) -> ServiceOutcome:
     """Run `command` until `cancel` is set, restarting it whenever it exits.
 
@@ -70,6 +72,7 @@ async def supervise(
             kill_grace_s=kill_grace_s,
             unit=unit,
             hide=hide,
+            log_max_bytes=log_max_bytes,
         )
         mechanism, last_result = out.limit_mechanism, out.result
         if out.result == KILLED:
