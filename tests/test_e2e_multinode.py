@@ -71,7 +71,8 @@ run = "if [ -e {go} ]; then cat first.txt; else echo $$ > {pidf}; sleep 300; fi"
         assert not process_gone(orphan)
         holder.start()
         wait_for(lambda: process_gone(orphan), 20, "the orphan of the old holder to die")
-        assert "killed an orphaned step" in holder.log()
+        # the kill comes first and its log line just after: wait for the line too
+        wait_for(lambda: "killed an orphaned step" in holder.log(), 10, "the orphan kill logged")
     finally:
         if orphan:
             try:
