@@ -30,13 +30,13 @@ from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.replica import ReplicaManager
 from kovanex.agent.watcher import RefWatcher
-from kovanex.cli.repocmd import install_hooks
 from kovanex.core import startwatch
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.githttp import GitHttpServer
+from kovanex.paths import install_hooks
 from kovanex.pushcheck import (
     ZERO,
     PushOptions,
@@ -210,7 +210,7 @@ class Agent(ControlOps, Failover):
             gossip=self.cluster.node,
             token=self.token,
             http_url=self.http_url,
-            install_hooks=lambda path: install_hooks(path, self.layout),
+            install_hooks=lambda path: install_hooks(path, self.layout.root),
             on_owned=self._on_owned,
         )
         await self.replicas.start()
