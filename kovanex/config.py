@@ -77,6 +77,16 @@ class Layout:
     def token_file(self) -> Path:
         return self.root / "secrets" / "cluster.token"
 
+    @property
+    def tokens_file(self) -> Path:
+        """User token records (digests only): kovanex/tokens.py."""
+        return self.root / "secrets" / "tokens.json"
+
+    @property
+    def local_token_file(self) -> Path:
+        """The admin token `local@<node>` that `kovanex credential` hands to git."""
+        return self.root / "secrets" / "local.token"
+
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 
@@ -351,7 +361,8 @@ def gossip_key(layout: Layout) -> bytes:
     return split_join_value(read_join_value(layout))[1]
 
 
-def http_url(cfg: NodeConfig, token: str | None = None) -> str:
+def http_url(cfg: NodeConfig) -> str:
+    """The node's HTTP address, never with a secret in it: URLs end up in every clone's
+    .git/config, in shell history and in logs (git asks `kovanex credential` instead)."""
     host, port = parse_addr(cfg.http_bind, 0)
-    auth = f"kx:{token}@" if token else ""
-    return f"http://{auth}{host}:{port}"
+    return f"http://{host}:{port}"

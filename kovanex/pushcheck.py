@@ -236,9 +236,17 @@ def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = No
             _append(ledger, task_id, view, tr)
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
-    tr = taskcore.queue(view, prio)
+    tr = taskcore.queue(view, prio, pushed_by(ledger, task_id, view.tip))
     _append(ledger, task_id, view, tr)
     return "queued"
+
+
+def pushed_by(ledger: TaskLedger, task_id: str, tip: str) -> str:
+    """The token's name for a push over HTTP; `local@<node>` for a push over a local path,
+    which only someone with the node's data dir can make (the CLI acts as admin there)."""
+    from kovanex.gitstate.ledger import task_ref
+
+    return ledger.store.pusher(task_ref(task_id), tip) or f"local@{ledger.node}"
 
 
 def _append(

@@ -29,6 +29,7 @@ from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.watcher import RefWatcher
 from kovanex.core import startwatch
 from kovanex.core import task as taskcore
@@ -48,6 +49,7 @@ from kovanex.pushcheck import (
 )
 from kovanex.runner import RunnerSlots, units
 from kovanex.runner.limits import reap_stale
+from kovanex.tokens import TokenBook
 
 log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
@@ -196,12 +198,19 @@ class Agent(ControlOps, Failover):
             queue_depth_fn=lambda: len(self.pending),
         )
         host, port = cfgmod.parse_addr(self.cfg.http_bind, 0)
+        book = TokenBook(self.layout.tokens_file)
         self.http = GitHttpServer(
-            self.layout.repos, self.token, bind=(host, port), api=self._http_api
+            self.layout.repos,
+            self.token,
+            bind=(host, port),
+            api=self._http_api,
+            users=book,
         )
         await self.http.start()
         self.cluster = Cluster(self)
         await self.cluster.start()
+        self.token_sync = TokenSync(book, self.cluster.node)
+        self.token_sync.start()
         self.cluster.node.subscribe("assign", self._on_assign)
         self.cluster.node.subscribe(START_FAILED, self._on_start_failed)
         self.replicas = ReplicaManager(

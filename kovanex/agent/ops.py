@@ -39,6 +39,8 @@ class ControlOps(_Base):
                 "hook_port": self.hooks.port,
                 "gossip": self.cluster.security() if self.cluster is not None else {},
             }
+        if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
+            return {"published": self.token_sync.publish_all()}
         if op == "units":
             busy = {
                 r.unit.index: f"{r.lease.repo}/{r.lease.task_id}"

@@ -8,7 +8,16 @@ import sys
 
 from kovanex import __version__
 from kovanex import config as cfgmod
-from kovanex.cli import nodecmd, repocmd, taskcmd
+from kovanex.cli import (
+    clustercmd,
+    misccmd,
+    nodecmd,
+    repocmd,
+    schedcmd,
+    taskcmd,
+    tokencmd,
+    unitcmd,
+)
 from kovanex.cli.output import CliError
 
 
@@ -21,19 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=None, help="node data dir (default: $KOVANEX_HOME, then ~/.kovanex)"
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="<command>")
-    for mod in (nodecmd, repocmd, taskcmd):
-        mod.register(sub)
-    for extra in (
-        "kovanex.cli.misccmd",
-        "kovanex.cli.clustercmd",
-        "kovanex.cli.schedcmd",
-        "kovanex.cli.unitcmd",
+    for mod in (
+        nodecmd,
+        repocmd,
+        taskcmd,
+        misccmd,
+        clustercmd,
+        schedcmd,
+        unitcmd,
+        tokencmd,
     ):
-        try:
-            __import__(extra, fromlist=["register"]).register(sub)
-        except ModuleNotFoundError as e:
-            if e.name != extra:
-                raise
+        mod.register(sub)
     return p
 
 

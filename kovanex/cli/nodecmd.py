@@ -52,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-label", default="", help="gossip label bound into every packet")
     p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
     p.add_argument(
+        "--no-git-config",
+        action="store_true",
+        help="do not register `kovanex credential` in your global git config",
+    )
+    p.add_argument(
         "--units",
         choices=("users", "uids", "namespace", "none"),
         help="step isolation: a user per runner slot (default as root), bare uids, "
@@ -148,6 +153,9 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
     cfgmod.write_token(layout, value)
+    from kovanex.cli.tokencmd import setup_local_access
+
+    access = setup_local_access(layout, cfg, git_config=not args.no_git_config)
     from kovanex.runner import units as unitsmod
 
     try:  # compute units: users, cgroups and paths; the node dir becomes 0700
@@ -163,6 +171,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         except ValueError as e:
             raise CliError(f"--encrypt: {e}; make one with `kovanex keygen`") from e
     print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
+    print(access)
     if cfg.insecure_gossip:
         print("warning: --insecure-gossip: gossip is plaintext; anyone on the network can join")
     print(f"to add a node, copy {layout.token_file} (cluster secret + gossip key) to it, then:")

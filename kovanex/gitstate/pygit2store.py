@@ -159,6 +159,19 @@ class Pygit2Store:
             return None
         return tb.write()
 
+    def pusher(self, ref: str, oid: str) -> str | None:
+        """git http-backend records REMOTE_USER as the reflog's committer, with the email
+        `<user>@http.<addr>` (githttp sets both, so the agent's own env cannot mask them)."""
+        try:
+            entries = self.repo.references[ref].log()
+        except (KeyError, pygit2.GitError):
+            return None
+        for e in entries:  # newest first
+            if str(e.oid_new) == oid:
+                c = e.committer
+                return c.name if "@http." in (c.email or "") else None
+        return None
+
     def _entry(self, commit_or_tree: str, path: str) -> pygit2.Object | None:
         obj = self.repo.get(commit_or_tree)
         if isinstance(obj, pygit2.Commit):
