@@ -252,3 +252,46 @@ def test_a_wedged_runner_loses_the_task_at_the_placement_deadline(tmp_path: Path
             os.kill(r1.proc.pid, signal.SIGCONT)
         st.stop()
         r1.stop()
+
+
+@pytest.mark.slow
+def test_a_stalled_server_costs_one_short_wait_and_the_owner_places(tmp_path: Path) -> None:
+    """The server is alive on gossip (nobody probed it yet) but stopped: the owner's ask
+    times out after 2 s, it places locally and says so, and the task runs."""
+    st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
+    cfg = st.data / "kovanex.toml"
+    # probe rarely, so the stopped server still looks alive when the task is placed
+    cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\nprobe_interval = 120.0\n")
+    value = layout(st).token_file.read_text().strip()
+    srv = Node(tmp_path, "srv", "--role", "server", "--profile", "local", "--token", value)
+    r1 = Node(tmp_path, "r1", "--role", "runner", "--profile", "local", "--token", value)
+    try:
+        st.start()
+        srv.start("--join", bind_of(st))
+        r1.start("--join", bind_of(st))
+        wait_for(
+            lambda: {k for k, v in names(st).items() if v == "alive"} == {"st", "srv", "r1"},
+            30,
+            "storage, server and runner in one cluster",
+        )
+        assert srv.proc is not None
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        clone = clone_with_task(st, "demo", tmp_path / "c", "s-1", SPEC)
+        t0 = time.monotonic()
+        git("push", "origin", "task/s-1", cwd=clone)
+        wait_for(lambda: st.show("s-1")["state"] == "succeeded", 30, "s-1 runs on r1")
+        assert time.monotonic() - t0 < 20
+        placed = [
+            t
+            for t in trailers_of(st.repo("demo"), "task/s-1")
+            if t.get("Kovanex-State") == "placed"
+        ]
+        assert [t["Kovanex-Node"] for t in placed] == ["r1"]
+        assert placed[0]["Kovanex-Placed-By"] == "st"
+        assert "server srv" in placed[0]["Kovanex-Placed-Locally"]
+        assert "timed out" in placed[0]["Kovanex-Placed-Locally"]
+    finally:
+        if srv.proc is not None:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        for n in (st, srv, r1):
+            n.stop()
