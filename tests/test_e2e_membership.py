@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kovanex import config as cfgmod
+from kovanex.core.servers import placing_server
 from kovanex.net.codec import Decoder
 from kovanex.net.keyring import Keyring
 from tests.agentkit import Node, clone_with_task, git, trailers_of, wait_for
@@ -135,7 +136,9 @@ def test_gossip_bytes_on_the_wire_are_not_plaintext(tmp_path: Path, insecure: bo
 def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: Path) -> None:
     """storage owns the repo and places; a runner with the gossip key but the wrong
     secret gets 401, reports it, the task is requeued with the reason and that runner
-    excluded; a good runner that joins later runs it; a server node serves the API."""
+    excluded; a good runner that joins later runs it; a server node serves the API and
+    places the storage node's tasks (Kovanex-Placed-By); a server that refuses the
+    owner's token is skipped and the owner places locally, saying why."""
     st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
     value = layout(st).token_file.read_text().strip()
     _secret, key = cfgmod.split_join_value(value)
@@ -144,15 +147,21 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
     good = Node(tmp_path, "good", "--role", "runner", "--profile", "local", "--token", value)
     srv = Node(tmp_path, "srv", "--role", "server", "--profile", "local", "--token", value)
     st2 = Node(tmp_path, "st2", "--role", "storage", "--profile", "local", "--token", value)
-    nodes = (st, bad, good, srv, st2)
+    # a server with the gossip key but the wrong secret: it answers /v1/internal/place 401
+    bsrv = Node(tmp_path, "bsrv", "--role", "server", "--profile", "local", "--token", wrong)
+    assert placing_server("demo", ["srv", "bsrv"]) == "srv"
+    assert placing_server("other", ["srv", "bsrv"]) == "bsrv"
+    nodes = (st, bad, good, srv, st2, bsrv)
     try:
         st.start()
         srv.start("--join", bind_of(st))
         bad.start("--join", bind_of(st))
         st2.start("--join", bind_of(st))
+        bsrv.start("--join", bind_of(st))
         wait_for(
             lambda: (
-                {k for k, v in names(st).items() if v == "alive"} == {"st", "srv", "bad", "st2"}
+                {k for k, v in names(st).items() if v == "alive"}
+                == {"st", "srv", "bad", "st2", "bsrv"}
             ),
             30,
             "storage x2, server and the bad runner in one cluster",
@@ -181,6 +190,19 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
         assert placements[0] == "good" and placements[-1] == "bad"  # newest first
         epochs = [int(t["Kovanex-Epoch"]) for t in trs if t.get("Kovanex-State") == "placed"]
         assert epochs[0] > epochs[-1]
+        # every placement of demo's task was decided by the server, not the storage owner
+        placed = [t for t in trs if t.get("Kovanex-State") == "placed"]
+        assert [t.get("Kovanex-Placed-By") for t in placed] == ["srv"] * len(placed)
+        # a repo whose server refuses us: placed locally at once, the trailer says why
+        other = clone_with_task(st, "other", tmp_path / "o", "o-1", SPEC)
+        git("push", "origin", "task/o-1", cwd=other)
+        wait_for(lambda: st.show("o-1")["state"] == "succeeded", 60, "o-1 runs")
+        fallback = [
+            t for t in trailers_of(st.repo("other"), "task/o-1") if "Kovanex-Placed-By" in t
+        ]
+        assert fallback and fallback[-1]["Kovanex-Placed-By"] == "st"
+        assert "server bsrv" in fallback[-1]["Kovanex-Placed-Locally"]
+        assert "401" in fallback[-1]["Kovanex-Placed-Locally"]
         # the server node: up, part of the cluster, answering the control API
         assert {"st", "bad", "good", "srv", "st2"} <= set(names(srv))
         assert srv.kx("status").returncode == 0
@@ -192,7 +214,7 @@ def test_every_role_starts_and_a_runner_that_cannot_fetch_is_skipped(tmp_path: P
             return r.returncode == 0 and r.stdout.strip() == done
 
         wait_for(replicated, 30, "the task's final state replicated to st2")
-        assert not any(n.repo("demo").exists() for n in (bad, good, srv))
+        assert not any(n.repo("demo").exists() for n in (bad, good, srv, bsrv))
     finally:
         for n in nodes:
             n.stop()
@@ -230,3 +252,46 @@ def test_a_wedged_runner_loses_the_task_at_the_placement_deadline(tmp_path: Path
             os.kill(r1.proc.pid, signal.SIGCONT)
         st.stop()
         r1.stop()
+
+
+@pytest.mark.slow
+def test_a_stalled_server_costs_one_short_wait_and_the_owner_places(tmp_path: Path) -> None:
+    """The server is alive on gossip (nobody probed it yet) but stopped: the owner's ask
+    times out after 2 s, it places locally and says so, and the task runs."""
+    st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
+    cfg = st.data / "kovanex.toml"
+    # probe rarely, so the stopped server still looks alive when the task is placed
+    cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\nprobe_interval = 120.0\n")
+    value = layout(st).token_file.read_text().strip()
+    srv = Node(tmp_path, "srv", "--role", "server", "--profile", "local", "--token", value)
+    r1 = Node(tmp_path, "r1", "--role", "runner", "--profile", "local", "--token", value)
+    try:
+        st.start()
+        srv.start("--join", bind_of(st))
+        r1.start("--join", bind_of(st))
+        wait_for(
+            lambda: {k for k, v in names(st).items() if v == "alive"} == {"st", "srv", "r1"},
+            30,
+            "storage, server and runner in one cluster",
+        )
+        assert srv.proc is not None
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        clone = clone_with_task(st, "demo", tmp_path / "c", "s-1", SPEC)
+        t0 = time.monotonic()
+        git("push", "origin", "task/s-1", cwd=clone)
+        wait_for(lambda: st.show("s-1")["state"] == "succeeded", 30, "s-1 runs on r1")
+        assert time.monotonic() - t0 < 20
+        placed = [
+            t
+            for t in trailers_of(st.repo("demo"), "task/s-1")
+            if t.get("Kovanex-State") == "placed"
+        ]
+        assert [t["Kovanex-Node"] for t in placed] == ["r1"]
+        assert placed[0]["Kovanex-Placed-By"] == "st"
+        assert "server srv" in placed[0]["Kovanex-Placed-Locally"]
+        assert "timed out" in placed[0]["Kovanex-Placed-Locally"]
+    finally:
+        if srv.proc is not None:
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        for n in (st, srv, r1):
+            n.stop()

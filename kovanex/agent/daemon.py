@@ -29,6 +29,7 @@ from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.watcher import RefWatcher
 from kovanex.core import startwatch
@@ -75,6 +76,7 @@ class Agent(ControlOps, Failover):
         self.pending: dict[Key, tuple[str, int]] = {}
         self.ledgers: dict[str, TaskLedger] = {}
         self.placer = Placer(self)
+        self.server_placement = ServerPlacement(self)
         self.stop_event = asyncio.Event()
         self.started = time.time()
         self.extra_ops: dict[str, Callable[[dict[str, Any]], Any]] = {}
@@ -429,6 +431,7 @@ class Agent(ControlOps, Failover):
 
     async def _schedule(self, key: Key) -> None:
         repo, task_id = key
+        asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             ledger = self.ledger(repo)
@@ -436,13 +439,15 @@ class Agent(ControlOps, Failover):
             if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
                 self.pending.pop(key, None)
                 return
+            if asked is not None and asked[0] != view.tip:
+                return  # it moved while the server decided; that move kicks another pass
             try:
                 spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
             except specmod.SpecError as e:
                 self._unschedulable(ledger, view, f"invalid spec: {e}")
                 self.pending.pop(key, None)
                 return
-            decision = self.placer.place(repo, task_id, spec)
+            decision = asked[1] if asked else self.placer.place(repo, task_id, spec)
             if decision.waiting:
                 return  # capacity will free up; stay queued without writing
             if decision.node is None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kovanex import config as cfgmod
 from kovanex import modules
+from kovanex.agent import serverplace
 from kovanex.agent.control import ControlError
 
 if TYPE_CHECKING:
@@ -154,4 +155,6 @@ class ControlOps(_Base):
             repo = path[len("/v1/nudge/") :]
             hit = self.replicas is not None and self.replicas.nudged(repo)
             return (204 if hit else 404), {}, b""
+        if method == "POST" and path == serverplace.PLACE_PATH:
+            return serverplace.answer(self, headers, body)
         return None

@@ -88,19 +88,24 @@ class Placer:
         return startwatch.excluded(transition_of(c.message) for c in led.store.walk(tip))
 
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
-        excl = self.excluded(repo, task_id)
-        d = self._decide(repo, task_id, spec, startwatch.candidates(self.nodes(), excl))
+        req = request_of(repo, task_id, spec)
+        strategy = spec.placement.strategy or self.agent.cfg.strategy
+        return self.decide_request(req, strategy, self.excluded(repo, task_id))
+
+    def decide_request(
+        self, req: scoring.TaskRequest, strategy: str, excl: frozenset[str]
+    ) -> Decision:
+        """Score `req` over this node's view; a SERVER answers peers' requests with it."""
+        d = self._decide(req, strategy, startwatch.candidates(self.nodes(), excl))
         if d.node is None and excl:
-            anyone = self._decide(repo, task_id, spec, self.nodes())
+            anyone = self._decide(req, strategy, self.nodes())
             if anyone.node is not None or anyone.waiting:
                 return Decision(reason=startwatch.all_excluded_reason(excl, d.reason))
         return d
 
     def _decide(
-        self, repo: str, task_id: str, spec: specmod.TaskSpec, nodes: list[scoring.NodeInfo]
+        self, req: scoring.TaskRequest, strategy: str, nodes: list[scoring.NodeInfo]
     ) -> Decision:
-        req = request_of(repo, task_id, spec)
-        strategy = spec.placement.strategy or self.agent.cfg.strategy
         result = scoring.place(
             scoring.NodeTable.from_nodes(nodes), req, strategy=strategy, rr_counter=self.rr
         )
