@@ -13,6 +13,8 @@ BENCHES = [
     ["bench.gossip_sim"],
     ["bench.gossip_codec", "--packets", "20000"],
     ["bench.log_bench", "--runs", "30"],
+    ["bench.token_bench", "--pushes", "60"],
+    ["bench.unit_bench", "--runs", "200"],
 ]
 
 
