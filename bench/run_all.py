@@ -12,6 +12,7 @@ BENCHES = [
     ["bench.cluster_bench", "--trials", "5", "--pushes", "30"],
     ["bench.gossip_sim"],
     ["bench.gossip_codec", "--packets", "20000"],
+    ["bench.server_place", "--places", "2000", "--nodes", "100"],
 ]
 
 
