@@ -15,6 +15,7 @@ BENCHES = [
     ["bench.log_bench", "--runs", "30"],
     ["bench.token_bench", "--pushes", "60"],
     ["bench.unit_bench", "--runs", "200"],
+    ["bench.server_place", "--places", "2000", "--nodes", "100"],
 ]
 
 
