@@ -115,6 +115,11 @@ def check_pre_receive(
         if u.new == ZERO:
             _check_delete(ledger, task_id, verdict)
             continue
+        size = store.file_size(u.new, SPEC_PATH)
+        too_big = specmod.size_error(size or 0, SPEC_PATH)
+        if too_big is not None:
+            verdict.reject(f"refused task/{task_id}: {too_big.reason}")
+            continue
         data = store.read_file(u.new, SPEC_PATH)
         if data is None:
             verdict.reject(

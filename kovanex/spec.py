@@ -24,6 +24,35 @@ FAILOVER_MODES = ("absolute_consistency", "split_brain_allowed")
 STRATEGIES = ("best-fit", "locality", "round-robin", "spread")
 DEFAULT_TIMEOUT_S = 3600
 
+# Input limits (ADR 0013). A spec is read by every hook and agent that sees the branch,
+# so its size is checked before it is read or parsed; the rest are checked after parsing.
+MAX_SPEC_BYTES = 256 * 1024  # spec.max_bytes
+MAX_STEPS = 64  # spec.max_steps
+MAX_ENV_ENTRIES = 64  # spec.max_env_entries, per step
+DEFAULT_LOG_MAX_BYTES = 64 * 1024  # the branch copy of each step log (ADR 0004)
+MAX_LOG_MAX_BYTES = 1024 * 1024  # spec.max_log_bytes: the most a step may ask for
+
+
+def human_bytes(n: int) -> str:
+    """`20.0 MiB`, `256 KiB`, `900 B`: a limit message must be readable at a glance."""
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
+def size_error(size: int, path: str = SPEC_PATH) -> SpecError | None:
+    """The refusal for a spec of `size` bytes, or None; callers check this before reading."""
+    if size <= MAX_SPEC_BYTES:
+        return None
+    return SpecError(
+        path,
+        "(size)",
+        f"{path} is {human_bytes(size)}; the limit is {human_bytes(MAX_SPEC_BYTES)} "
+        "(spec.max_bytes); keep large data in other files of the branch",
+    )
+
 
 class SpecError(Exception):
     """One problem in a spec, addressed by a field path so the user can find it."""
@@ -65,6 +94,7 @@ class Step:
     timeout_s: int = DEFAULT_TIMEOUT_S
     env: dict[str, str] = field(default_factory=dict)
     agent: bool = False
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -185,10 +215,49 @@ def _cross_field_errors(doc: dict[str, Any], path: str) -> list[SpecError]:
             errs.append(
                 SpecError(path, f"steps[{i}]", "needs `run` (a shell command) or `agent = true`")
             )
+    errs.extend(_limit_errors(steps, path))
     if uses_agent and "agent" not in doc:
         errs.append(
             SpecError(path, "agent", "an [agent] table is required because a step has agent = true")
         )
+    return errs
+
+
+def _limit_errors(steps: list[Any], path: str) -> list[SpecError]:
+    """Counts and caps, each refusal naming its limit (ADR 0013)."""
+    errs: list[SpecError] = []
+    if len(steps) > MAX_STEPS:
+        errs.append(
+            SpecError(
+                path,
+                "steps",
+                f"{len(steps)} steps; the limit is {MAX_STEPS} (spec.max_steps); "
+                "merge steps or split the work into several tasks",
+            )
+        )
+    for i, st in enumerate(steps[: MAX_STEPS + 1]):
+        if not isinstance(st, dict):
+            continue
+        env = st.get("env")
+        if isinstance(env, dict) and len(env) > MAX_ENV_ENTRIES:
+            errs.append(
+                SpecError(
+                    path,
+                    f"steps[{i}].env",
+                    f"{len(env)} entries; the limit is {MAX_ENV_ENTRIES} (spec.max_env_entries); "
+                    "put the values in a file in the branch",
+                )
+            )
+        cap = st.get("log_max_bytes")
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > MAX_LOG_MAX_BYTES:
+            errs.append(
+                SpecError(
+                    path,
+                    f"steps[{i}].log_max_bytes",
+                    f"{cap} bytes; the limit is {human_bytes(MAX_LOG_MAX_BYTES)} "
+                    "(spec.max_log_bytes); the full log stays on the node",
+                )
+            )
     return errs
 
 
@@ -204,7 +273,12 @@ def _parse(data: bytes, path: str) -> tuple[dict[str, Any] | None, list[SpecErro
 
 
 def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
-    """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field."""
+    """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field.
+
+    An oversized spec is refused before it is decoded or parsed."""
+    too_big = size_error(len(data), path)
+    if too_big is not None:
+        return [too_big]
     doc, errs = _parse(data, path)
     if doc is None:
         return errs
@@ -214,7 +288,12 @@ def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
 def load_spec(data: bytes, path: str = SPEC_PATH) -> TaskSpec:
     """Parse and validate; raise the first SpecError, else return the spec with defaults filled.
 
-    Cached by content: the agent loads the same spec at queue, placement and run time."""
+    The size is checked first: a spec that reached the node without the hook (replication,
+    fetch) is not parsed when oversized. Cached by content: the agent loads the same spec at
+    queue, placement and run time."""
+    too_big = size_error(len(data), path)
+    if too_big is not None:
+        raise too_big
     return _load_cached(bytes(data), path)
 
 
@@ -244,6 +323,7 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
             timeout_s=s.get("timeout_s", DEFAULT_TIMEOUT_S),
             env=dict(s.get("env", {})),
             agent=bool(s.get("agent", False)),
+            log_max_bytes=s.get("log_max_bytes", DEFAULT_LOG_MAX_BYTES),
         )
         for s in doc["steps"]
     )

@@ -229,7 +229,7 @@ class TaskRun:
                 f"in {outcome.duration_s:.2f}s (limits: {outcome.limit_mechanism})\n".encode()
             )
         rel = f".kovanex/logs/{index + 1}-{step.name}.log"
-        capped = runlogs.capped(log_path.read_bytes())
+        capped = runlogs.read_capped(log_path, step.log_max_bytes)
         view = await self._view()
         trs = taskcore.step_done(
             view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kovanex import __version__
@@ -52,12 +53,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(rest)
     layout = cfgmod.Layout(cfgmod.data_dir(data))
     try:
-        return int(args.func(args, layout) or 0)
+        code = int(args.func(args, layout) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (CliError, cfgmod.ConfigError) as e:
         print(f"kovanex: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """`kovanex task list | head -1`: the reader left, which is not an error of ours.
+
+    Python's documented recipe (signal module notes): point stdout at /dev/null so the
+    interpreter's final flush does not raise again, and exit quietly like a SIGPIPE'd tool.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -173,5 +173,20 @@ class Pygit2Store:
         blob = self.repo.get(entry.id)
         return blob.data if isinstance(blob, pygit2.Blob) else None
 
+    def file_size(self, commit_or_tree: str, path: str) -> int | None:
+        """A blob's size from the object header, without reading it (input limits, ADR 0013)."""
+        obj = self.repo.get(commit_or_tree)
+        if isinstance(obj, pygit2.Commit):
+            obj = obj.tree
+        if not isinstance(obj, pygit2.Tree):
+            raise KeyError(f"no such commit or tree {commit_or_tree}")
+        split_path(path)
+        try:
+            entry = obj[path]
+        except KeyError:
+            return None
+        kind, size = self.repo.odb.read_header(entry.id)
+        return size if kind == pygit2.enums.ObjectType.BLOB else None
+
     def walk(self, tip: str, limit: int | None = None) -> Iterator[CommitInfo]:
         return walk_first_parent(self, tip, limit)
