@@ -230,8 +230,13 @@ def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = No
         try:
             spec_prio = specmod.load_spec(data, SPEC_PATH).priority
         except specmod.SpecError as e:
-            tr = taskcore.mark_unschedulable(view, f"invalid spec: {e}")
-            _append(ledger, task_id, view, tr)
+            # submitted -> queued -> unschedulable: the state machine has no shortcut, and the
+            # reason lands in git for a spec that reached us without the hook (ADR 0013).
+            _append(ledger, task_id, view, taskcore.queue(view, priority or 50))
+            view = ledger.read(task_id)
+            if view.state != taskcore.QUEUED:
+                return view.state
+            _append(ledger, task_id, view, taskcore.mark_unschedulable(view, f"invalid spec: {e}"))
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
     tr = taskcore.queue(view, prio)
