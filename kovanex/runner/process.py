@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
+from kovanex.runner.logsink import DEFAULT_NODE_LOG_MAX_BYTES, LogSink
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -312,24 +313,26 @@ async def run_step(
     on_start: Callable[[int], None] | None = None,
     kill_grace_s: float = KILL_GRACE_S,
     fast_spawn: bool = True,
+    log_max_bytes: int = DEFAULT_NODE_LOG_MAX_BYTES,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
-    The child writes straight into the log file (no pipe through the agent), so
-    followers see output as soon as the child flushes it, and a busy event loop
-    can never stall a chatty step. `timeout_s` may be math.inf (services).
+    The child writes into a pipe that a relay thread (not the event loop, so a busy
+    loop never stalls a chatty step) copies into the file under `log_max_bytes`,
+    keeping head and tail (logsink.py); followers see output as the child flushes it. `timeout_s` may be math.inf (services).
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sink = LogSink(log_path, log_max_bytes)  # a pipe relayed under the node log cap
+    fd = sink.fd
     try:
-        start = os.fstat(fd).st_size
+        start = sink.written
         applied = apply(limits, timeout_s=timeout_s)
     except BaseException:
-        os.close(fd)
+        await sink.finish()
         raise
     mechanism = applied.mechanism
     try:
@@ -337,13 +340,15 @@ async def run_step(
     except (OSError, subprocess.SubprocessError) as exc:
         applied.cleanup()
         reason = f"could not start step: {exc}"
+        await sink.finish()
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
     except BaseException:
         applied.cleanup()
+        await asyncio.shield(sink.finish())
         raise
     finally:
-        os.close(fd)
+        sink.started()
     pgid = proc.pid  # start_new_session: the leader's pid is the pgid
     waiter = asyncio.ensure_future(proc.wait())
     canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
@@ -355,6 +360,7 @@ async def run_step(
         done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             await _terminate(proc, pgid, applied, kill_grace_s)
+            await sink.finish()
             result, reason = (
                 (KILLED, "step cancelled; process group killed")
                 if canceller is not None and canceller in done
@@ -365,6 +371,7 @@ async def run_step(
         rc = waiter.result()
         leftovers = _tree_alive(proc, pgid, applied)
         await _terminate(proc, pgid, applied, kill_grace_s)
+        await sink.finish()
         if _looks_oom(applied, limits, rc, log_path, start):
             assert limits is not None and limits.memory_mb is not None
             reason = f"step hit the memory limit of {limits.memory_mb} MiB ({mechanism})"
@@ -382,6 +389,8 @@ async def run_step(
         _signal_tree(pgid, applied, signal.SIGKILL)
         with contextlib.suppress(BaseException):
             await asyncio.shield(_wait_tree(proc, pgid, applied, time.monotonic() + 5.0))
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(sink.finish())
         raise
     finally:
         for t in (waiter, canceller):
