@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 ROLES = ("full", "server", "runner", "storage")
+# The node's own step-log file cap (ADR 0013); spec limits live in spec.py.
+DEFAULT_NODE_LOG_MAX_BYTES = 64 * 1024 * 1024  # [runner] node_log_max_bytes
+MIN_NODE_LOG_MAX_BYTES = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -96,6 +99,7 @@ class NodeConfig:
     strategy: str = "best-fit"
     modules: list[dict[str, Any]] = field(default_factory=list)
     event_handlers: dict[str, str] = field(default_factory=dict)
+    node_log_max_bytes: int = DEFAULT_NODE_LOG_MAX_BYTES  # [runner]; ADR 0013
 
     def to_toml(self) -> str:
         lines = [
@@ -118,6 +122,8 @@ class NodeConfig:
             lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.gossip_overrides.items())]
         lines += ["", "[http]", f"bind = {_q(self.http_bind)}"]
         lines += ["", "[scheduler]", f"strategy = {_q(self.strategy)}"]
+        if self.node_log_max_bytes != DEFAULT_NODE_LOG_MAX_BYTES:
+            lines += ["", "[runner]", f"node_log_max_bytes = {self.node_log_max_bytes}"]
         if self.event_handlers:
             lines += ["", "[event_handlers]"]
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
@@ -151,6 +157,9 @@ class NodeConfig:
             strategy=str(doc.get("scheduler", {}).get("strategy", "best-fit")),
             modules=list(doc.get("modules", [])),
             event_handlers={str(k): str(v) for k, v in doc.get("event_handlers", {}).items()},
+            node_log_max_bytes=int(
+                doc.get("runner", {}).get("node_log_max_bytes", DEFAULT_NODE_LOG_MAX_BYTES)
+            ),
         )
         cfg.check(path)
         return cfg
@@ -162,6 +171,11 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
+        if self.node_log_max_bytes < MIN_NODE_LOG_MAX_BYTES:
+            raise ConfigError(
+                f"{path}: [runner] node_log_max_bytes is {self.node_log_max_bytes}; "
+                f"the minimum is {MIN_NODE_LOG_MAX_BYTES}"
+            )
 
 
 def load(layout: Layout) -> NodeConfig:

@@ -106,3 +106,42 @@ def test_logs_piped_into_head_exit_quietly(node: Node, tmp_path: Path) -> None:
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     assert p.stdout.startswith("--- kovanex: step 1/1 build")
+
+
+@pytest.mark.slow
+def test_step_printing_200mb_keeps_agent_rss_and_logs_bounded(tmp_path: Path) -> None:
+    import psutil
+
+    cap = 4 * 1024 * 1024
+    node = Node(tmp_path, "n1")
+    with open(node.data / "kovanex.toml", "a") as f:
+        f.write(f"\n[runner]\nnode_log_max_bytes = {cap}\n")
+    node.start()
+    try:
+        agent = psutil.Process(node.proc.pid)
+        loud = ONE_STEP.replace(
+            '"echo hi"',
+            "\"echo first; head -c 200000000 /dev/zero | tr '\\\\0' x; echo; echo last\"",
+        )
+        clone = clone_with_task(node, "demo", tmp_path / "c", "loud-2", loud)
+        git("push", "origin", "task/loud-2", cwd=clone)
+        before = agent.memory_info().rss
+        peak = before
+
+        def finished() -> bool:
+            nonlocal peak
+            peak = max(peak, agent.memory_info().rss)
+            return node.show("loud-2")["state"] in ("succeeded", "failed")
+
+        wait_for(finished, 120, "the 200 MB step to finish")
+        assert node.show("loud-2")["state"] == "succeeded"
+    finally:
+        node.stop()
+    assert peak - before < 40 << 20, f"agent RSS grew {(peak - before) >> 20} MiB"
+    node_log = node.data / "logs" / "demo" / "loud-2" / "1-build.log"
+    data = node_log.read_bytes()
+    assert len(data) <= cap, len(data)
+    assert b"[kovanex: log cut at " in data and b"\nlast\n" in data
+    branch_log = git("show", "task/loud-2:.kovanex/logs/1-build.log", cwd=node.repo("demo"))
+    assert len(branch_log.stdout) <= specmod.DEFAULT_LOG_MAX_BYTES + 200
+    assert "last" in branch_log.stdout

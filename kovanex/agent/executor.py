@@ -219,6 +219,7 @@ class TaskRun:
             limits=limits,
             cancel=self.cancel,
             on_start=self._remember_pid,
+            log_max_bytes=self.agent.cfg.node_log_max_bytes,
         )
         self._forget_pid()
         if self.cancel.is_set():

@@ -17,8 +17,8 @@ import select
 import threading
 from pathlib import Path
 
-DEFAULT_NODE_LOG_MAX_BYTES = 64 * 1024 * 1024  # [runner] node_log_max_bytes
-MIN_NODE_LOG_MAX_BYTES = 64 * 1024
+from kovanex.config import DEFAULT_NODE_LOG_MAX_BYTES, MIN_NODE_LOG_MAX_BYTES
+
 TAIL_MAX_BYTES = 4 * 1024 * 1024
 MARKER_ROOM = 256  # the marker line is shorter than this
 _CHUNK = 64 * 1024
