@@ -11,6 +11,8 @@ BENCHES = [
     ["bench.placement"],
     ["bench.cluster_bench", "--trials", "5", "--pushes", "30"],
     ["bench.gossip_sim"],
+    ["bench.gossip_codec", "--packets", "20000"],
+    ["bench.log_bench", "--runs", "30"],
 ]
 
 

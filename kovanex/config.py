@@ -7,6 +7,8 @@ repos themselves; the rest can be rebuilt.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import tomllib
@@ -14,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.inputlimits import InputLimits
+
 ROLES = ("full", "server", "runner", "storage")
-# The node's own step-log file cap (ADR 0013); spec limits live in spec.py.
-DEFAULT_NODE_LOG_MAX_BYTES = 64 * 1024 * 1024  # [runner] node_log_max_bytes
-MIN_NODE_LOG_MAX_BYTES = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -76,6 +77,16 @@ class Layout:
     def token_file(self) -> Path:
         return self.root / "secrets" / "cluster.token"
 
+    @property
+    def tokens_file(self) -> Path:
+        """User token records (digests only): kovanex/tokens.py."""
+        return self.root / "secrets" / "tokens.json"
+
+    @property
+    def local_token_file(self) -> Path:
+        """The admin token `local@<node>` that `kovanex credential` hands to git."""
+        return self.root / "secrets" / "local.token"
+
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 
@@ -99,7 +110,14 @@ class NodeConfig:
     strategy: str = "best-fit"
     modules: list[dict[str, Any]] = field(default_factory=list)
     event_handlers: dict[str, str] = field(default_factory=dict)
-    node_log_max_bytes: int = DEFAULT_NODE_LOG_MAX_BYTES  # [runner]; ADR 0013
+    # [units]: compute units (kovanex/runner/units.py). "none" for configs written
+    # before units existed; `kovanex init` as root writes "users".
+    units_mode: str = "none"
+    units_root: str = ""
+    units_uid_base: int = 61000
+    # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
+    insecure_gossip: bool = False
+    limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
 
     def to_toml(self) -> str:
         lines = [
@@ -117,16 +135,21 @@ class NodeConfig:
             f"label = {_q(self.gossip_label)}",
             f"join = {_list(self.join)}",
         ]
+        if self.insecure_gossip:
+            lines.append("insecure = true  # plaintext gossip: anyone on the network can join")
         if self.gossip_overrides:
             lines += ["", "[gossip.overrides]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.gossip_overrides.items())]
         lines += ["", "[http]", f"bind = {_q(self.http_bind)}"]
         lines += ["", "[scheduler]", f"strategy = {_q(self.strategy)}"]
-        if self.node_log_max_bytes != DEFAULT_NODE_LOG_MAX_BYTES:
-            lines += ["", "[runner]", f"node_log_max_bytes = {self.node_log_max_bytes}"]
         if self.event_handlers:
             lines += ["", "[event_handlers]"]
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
+        lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
+        lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+        if self.limits.changed():
+            lines += ["", "[limits]"]
+            lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -153,13 +176,15 @@ class NodeConfig:
             gossip_label=str(gossip.get("label", "")),
             gossip_overrides=dict(gossip.get("overrides", {})),
             join=[str(j) for j in gossip.get("join", [])],
+            insecure_gossip=bool(gossip.get("insecure", False)),
             http_bind=str(doc.get("http", {}).get("bind", "127.0.0.1:0")),
             strategy=str(doc.get("scheduler", {}).get("strategy", "best-fit")),
             modules=list(doc.get("modules", [])),
             event_handlers={str(k): str(v) for k, v in doc.get("event_handlers", {}).items()},
-            node_log_max_bytes=int(
-                doc.get("runner", {}).get("node_log_max_bytes", DEFAULT_NODE_LOG_MAX_BYTES)
-            ),
+            units_mode=str(doc.get("units", {}).get("mode", "none")),
+            units_root=str(doc.get("units", {}).get("root", "")),
+            units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
+            limits=_limits(doc.get("limits", {}), path),
         )
         cfg.check(path)
         return cfg
@@ -171,11 +196,19 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
-        if self.node_log_max_bytes < MIN_NODE_LOG_MAX_BYTES:
+        if self.units_mode not in ("users", "uids", "namespace", "none"):
             raise ConfigError(
-                f"{path}: [runner] node_log_max_bytes is {self.node_log_max_bytes}; "
-                f"the minimum is {MIN_NODE_LOG_MAX_BYTES}"
+                f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
+
+
+def _limits(table: Any, path: str) -> InputLimits:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [limits] must be a table")
+    try:
+        return InputLimits.from_table(table, path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def load(layout: Layout) -> NodeConfig:
@@ -259,7 +292,58 @@ def write_token(layout: Layout, token: str) -> None:
     os.replace(tmp, layout.token_file)
 
 
-def read_token(layout: Layout) -> str:
+# The join value is `<secret>.<gossip key>`: one string carries both, so a joiner needs
+# one thing from the first node. The key is 32 bytes, urlsafe base64 without padding.
+GOSSIP_KEY_LEN = 32
+_KEY_B64_LEN = 43
+_HKDF_INFO = b"kovanex gossip key v1"
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def make_join_value(secret: str, key: bytes) -> str:
+    """The whole `--token` value: the cluster secret and the gossip key together."""
+    if len(key) != GOSSIP_KEY_LEN:
+        raise ValueError(f"gossip key must be {GOSSIP_KEY_LEN} bytes, got {len(key)}")
+    return f"{secret}.{_b64url(key)}"
+
+
+def split_join_value(value: str) -> tuple[str, bytes]:
+    """(secret, gossip key). A legacy bare value (no valid key suffix) derives its key
+    with HKDF-SHA256, so every node given the same value still shares one key."""
+    value = value.strip()
+    if not value:
+        raise ConfigError("the cluster token is empty; pass the value `kovanex init` printed")
+    secret, sep, tail = value.rpartition(".")
+    if sep and secret and len(tail) == _KEY_B64_LEN:
+        try:
+            raw = base64.urlsafe_b64decode(tail + "=")
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) == GOSSIP_KEY_LEN and _b64url(raw) == tail:
+            return secret, raw
+    return value, derive_gossip_key(value)
+
+
+def derive_gossip_key(secret: str) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=GOSSIP_KEY_LEN, salt=None, info=_HKDF_INFO)
+    return hkdf.derive(secret.encode())
+
+
+def new_join_value() -> str:
+    """A fresh cluster: 16 random bytes of secret (hex) and a random 32-byte gossip key."""
+    import secrets
+
+    return make_join_value(secrets.token_hex(16), secrets.token_bytes(GOSSIP_KEY_LEN))
+
+
+def read_join_value(layout: Layout) -> str:
+    """The whole value in `secrets/cluster.token`, as `--token` takes it."""
     try:
         return layout.token_file.read_text().strip()
     except FileNotFoundError as e:
@@ -268,7 +352,17 @@ def read_token(layout: Layout) -> str:
         ) from e
 
 
-def http_url(cfg: NodeConfig, token: str | None = None) -> str:
+def read_token(layout: Layout) -> str:
+    """Only the cluster secret (HTTP auth between nodes); never the gossip key."""
+    return split_join_value(read_join_value(layout))[0]
+
+
+def gossip_key(layout: Layout) -> bytes:
+    return split_join_value(read_join_value(layout))[1]
+
+
+def http_url(cfg: NodeConfig) -> str:
+    """The node's HTTP address, never with a secret in it: URLs end up in every clone's
+    .git/config, in shell history and in logs (git asks `kovanex credential` instead)."""
     host, port = parse_addr(cfg.http_bind, 0)
-    auth = f"kx:{token}@" if token else ""
-    return f"http://{auth}{host}:{port}"
+    return f"http://{host}:{port}"

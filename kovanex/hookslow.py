@@ -7,6 +7,7 @@ import sys
 from kovanex import config as cfgmod
 from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.inputlimits import InputLimits
 from kovanex.pushcheck import PushOptions, RefUpdate, check_pre_receive, record_push
 
 
@@ -21,12 +22,19 @@ def run(
     updates = [RefUpdate.parse(ln) for ln in lines]
     options = PushOptions.parse(opts)
     try:
-        node = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir))).name
+        cfg = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir)))
+        node, limits = cfg.name, cfg.limits
     except cfgmod.ConfigError:
-        node = "hook"
+        node, limits = "hook", InputLimits()
     if phase == "pre-receive":
         verdict = check_pre_receive(
-            git_dir, quarantine, updates, options, node=node, owner_url=_owner_url(git_dir, node)
+            git_dir,
+            quarantine,
+            updates,
+            options,
+            node=node,
+            owner_url=_owner_url(git_dir, node),
+            limits=limits,
         )
         for m in verdict.messages:
             print(m, file=sys.stderr)

@@ -21,3 +21,21 @@ def hooks_dir() -> Path:
 
 def templates_dir() -> Path:
     return _find("templates")
+
+
+HOOKS = ("pre-receive", "post-receive")
+
+
+def install_hooks(repo: Path, data_dir: Path) -> None:
+    """Write hooks with absolute paths baked in: no PATH lookups, no interpreter shims.
+
+    Here, not in the CLI, because the agent installs hooks too (a replica it creates)."""
+    src = hooks_dir()
+    for name in HOOKS:
+        text = (src / name).read_text()
+        text = text.replace("@KX_DATA@", str(data_dir))
+        text = text.replace("@KX_PYTHON@", sys.executable)
+        text = text.replace("@KX_HOOKS@", str(src))
+        dst = repo / "hooks" / name
+        dst.write_text(text)
+        dst.chmod(0o755)

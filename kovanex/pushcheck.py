@@ -14,6 +14,8 @@ from kovanex import spec as specmod
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits
 
 ZERO = "0" * 40
 SPEC_PATH = ".kovanex/task.toml"
@@ -85,6 +87,7 @@ def check_pre_receive(
     node: str = "",
     preview: Previewer | None = None,
     owner_url: Callable[[], str | None] | None = None,
+    limits: InputLimits = DEFAULT_LIMITS,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
     refuse writes to a replica; honour dry-run."""
@@ -116,18 +119,17 @@ def check_pre_receive(
             _check_delete(ledger, task_id, verdict)
             continue
         size = store.file_size(u.new, SPEC_PATH)
-        too_big = specmod.size_error(size or 0, SPEC_PATH)
-        if too_big is not None:
-            verdict.reject(f"refused task/{task_id}: {too_big.reason}")
-            continue
-        data = store.read_file(u.new, SPEC_PATH)
-        if data is None:
+        if size is None:
             verdict.reject(
                 f"kovanex: task/{task_id}: no {SPEC_PATH} in the pushed commit; "
                 f"create one with `kovanex task new {task_id} --template shell`"
             )
             continue
-        errors = specmod.validate(data, SPEC_PATH)
+        if size > limits.spec_bytes:  # refused by its size: never read, never parsed
+            verdict.reject(f"kovanex: task/{task_id}: {specmod.too_big(size, SPEC_PATH, limits)}")
+            continue
+        data = store.read_file(u.new, SPEC_PATH) or b""
+        errors = specmod.validate(data, SPEC_PATH, limits)
         if errors:
             for e in errors:
                 verdict.reject(f"kovanex: task/{task_id}: {e}")
@@ -139,7 +141,7 @@ def check_pre_receive(
             _check_running(store, ledger, task_id, u, verdict)
             _check_epoch(store, ledger, task_id, u, verdict)
         if options.dry_run and preview is not None:
-            spec = specmod.load_spec(data, SPEC_PATH)
+            spec = specmod.load_spec(data, SPEC_PATH, limits)
             verdict.messages.append(f"kovanex: dry-run task/{task_id}: {preview(task_id, spec)}")
     if options.dry_run:
         if verdict.ok:
@@ -230,18 +232,21 @@ def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = No
         try:
             spec_prio = specmod.load_spec(data, SPEC_PATH).priority
         except specmod.SpecError as e:
-            # submitted -> queued -> unschedulable: the state machine has no shortcut, and the
-            # reason lands in git for a spec that reached us without the hook (ADR 0013).
-            _append(ledger, task_id, view, taskcore.queue(view, priority or 50))
-            view = ledger.read(task_id)
-            if view.state != taskcore.QUEUED:
-                return view.state
-            _append(ledger, task_id, view, taskcore.mark_unschedulable(view, f"invalid spec: {e}"))
+            tr = taskcore.mark_unschedulable(view, f"invalid spec: {e}")
+            _append(ledger, task_id, view, tr)
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
-    tr = taskcore.queue(view, prio)
+    tr = taskcore.queue(view, prio, pushed_by(ledger, task_id, view.tip))
     _append(ledger, task_id, view, tr)
     return "queued"
+
+
+def pushed_by(ledger: TaskLedger, task_id: str, tip: str) -> str:
+    """The token's name for a push over HTTP; `local@<node>` for a push over a local path,
+    which only someone with the node's data dir can make (the CLI acts as admin there)."""
+    from kovanex.gitstate.ledger import task_ref
+
+    return ledger.store.pusher(task_ref(task_id), tip) or f"local@{ledger.node}"
 
 
 def _append(

@@ -18,40 +18,15 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError
 
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits, human
+
 SPEC_PATH = ".kovanex/task.toml"
 KINDS = ("job", "deployment")
 FAILOVER_MODES = ("absolute_consistency", "split_brain_allowed")
 STRATEGIES = ("best-fit", "locality", "round-robin", "spread")
 DEFAULT_TIMEOUT_S = 3600
-
-# Input limits (ADR 0013). A spec is read by every hook and agent that sees the branch,
-# so its size is checked before it is read or parsed; the rest are checked after parsing.
-MAX_SPEC_BYTES = 256 * 1024  # spec.max_bytes
-MAX_STEPS = 64  # spec.max_steps
-MAX_ENV_ENTRIES = 64  # spec.max_env_entries, per step
-DEFAULT_LOG_MAX_BYTES = 64 * 1024  # the branch copy of each step log (ADR 0004)
-MAX_LOG_MAX_BYTES = 1024 * 1024  # spec.max_log_bytes: the most a step may ask for
-
-
-def human_bytes(n: int) -> str:
-    """`20.0 MiB`, `256 KiB`, `900 B`: a limit message must be readable at a glance."""
-    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            v = n / size
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{n} B"
-
-
-def size_error(size: int, path: str = SPEC_PATH) -> SpecError | None:
-    """The refusal for a spec of `size` bytes, or None; callers check this before reading."""
-    if size <= MAX_SPEC_BYTES:
-        return None
-    return SpecError(
-        path,
-        "(size)",
-        f"{path} is {human_bytes(size)}; the limit is {human_bytes(MAX_SPEC_BYTES)} "
-        "(spec.max_bytes); keep large data in other files of the branch",
-    )
+DEFAULT_LOG_BYTES = 64 * 1024  # the capped log kept on the branch per step (ADR 0004)
 
 
 class SpecError(Exception):
@@ -94,7 +69,6 @@ class Step:
     timeout_s: int = DEFAULT_TIMEOUT_S
     env: dict[str, str] = field(default_factory=dict)
     agent: bool = False
-    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -114,6 +88,7 @@ class TaskSpec:
     description: str = ""
     placement: Placement = field(default_factory=Placement)
     agent: AgentSpec | None = None
+    log_bytes: int = DEFAULT_LOG_BYTES
 
 
 @cache
@@ -215,49 +190,10 @@ def _cross_field_errors(doc: dict[str, Any], path: str) -> list[SpecError]:
             errs.append(
                 SpecError(path, f"steps[{i}]", "needs `run` (a shell command) or `agent = true`")
             )
-    errs.extend(_limit_errors(steps, path))
     if uses_agent and "agent" not in doc:
         errs.append(
             SpecError(path, "agent", "an [agent] table is required because a step has agent = true")
         )
-    return errs
-
-
-def _limit_errors(steps: list[Any], path: str) -> list[SpecError]:
-    """Counts and caps, each refusal naming its limit (ADR 0013)."""
-    errs: list[SpecError] = []
-    if len(steps) > MAX_STEPS:
-        errs.append(
-            SpecError(
-                path,
-                "steps",
-                f"{len(steps)} steps; the limit is {MAX_STEPS} (spec.max_steps); "
-                "merge steps or split the work into several tasks",
-            )
-        )
-    for i, st in enumerate(steps[: MAX_STEPS + 1]):
-        if not isinstance(st, dict):
-            continue
-        env = st.get("env")
-        if isinstance(env, dict) and len(env) > MAX_ENV_ENTRIES:
-            errs.append(
-                SpecError(
-                    path,
-                    f"steps[{i}].env",
-                    f"{len(env)} entries; the limit is {MAX_ENV_ENTRIES} (spec.max_env_entries); "
-                    "put the values in a file in the branch",
-                )
-            )
-        cap = st.get("log_max_bytes")
-        if isinstance(cap, int) and not isinstance(cap, bool) and cap > MAX_LOG_MAX_BYTES:
-            errs.append(
-                SpecError(
-                    path,
-                    f"steps[{i}].log_max_bytes",
-                    f"{cap} bytes; the limit is {human_bytes(MAX_LOG_MAX_BYTES)} "
-                    "(spec.max_log_bytes); the full log stays on the node",
-                )
-            )
     return errs
 
 
@@ -272,34 +208,86 @@ def _parse(data: bytes, path: str) -> tuple[dict[str, Any] | None, list[SpecErro
         return None, [SpecError(path, "(toml)", str(exc))]
 
 
-def validate(data: bytes, path: str = SPEC_PATH) -> list[SpecError]:
+def too_big(size: int, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS) -> SpecError:
+    """The refusal for a spec over the size limit, known from its size alone (never read)."""
+    return SpecError(
+        path,
+        "(file)",
+        f"is {human(size)}; the limit is {human(limits.spec_bytes)} (limits.spec_bytes); "
+        "move data out of the spec into files of the branch",
+    )
+
+
+def _limit_errors(doc: dict[str, Any], path: str, limits: InputLimits) -> list[SpecError]:
+    """Counts over a node's limits, checked before the schema so a huge spec costs little."""
+    errs: list[SpecError] = []
+    steps = doc.get("steps")
+    if isinstance(steps, list):
+        if len(steps) > limits.steps:
+            errs.append(
+                SpecError(
+                    path,
+                    "steps",
+                    f"has {len(steps)} steps; the limit is {limits.steps} (limits.steps); "
+                    "combine steps into scripts",
+                )
+            )
+        for i, st in enumerate(steps[: limits.steps]):
+            env = st.get("env") if isinstance(st, dict) else None
+            if isinstance(env, dict) and len(env) > limits.env_entries:
+                errs.append(
+                    SpecError(
+                        path,
+                        f"steps[{i}].env",
+                        f"has {len(env)} entries; the limit is {limits.env_entries} "
+                        "(limits.env_entries); put settings in a file of the branch",
+                    )
+                )
+    log = doc.get("log_bytes")
+    if isinstance(log, int) and not isinstance(log, bool) and log > limits.log_bytes:
+        errs.append(
+            SpecError(
+                path,
+                "log_bytes",
+                f"asks for {human(log)} of log per step; the limit is "
+                f"{human(limits.log_bytes)} (limits.log_bytes)",
+            )
+        )
+    return errs
+
+
+def validate(
+    data: bytes, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS
+) -> list[SpecError]:
     """Every problem in the spec (empty list = valid): schema errors in field order, then cross-field.
 
-    An oversized spec is refused before it is decoded or parsed."""
-    too_big = size_error(len(data), path)
-    if too_big is not None:
-        return [too_big]
+    Limits come first: an oversized spec is refused by its size without being parsed, and
+    a spec over a count limit is refused without the schema walking all of it."""
+    if len(data) > limits.spec_bytes:
+        return [too_big(len(data), path, limits)]
     doc, errs = _parse(data, path)
     if doc is None:
         return errs
+    over = _limit_errors(doc, path, limits)
+    if over:
+        return over
     return _schema_errors(doc, path) + _cross_field_errors(doc, path)
 
 
-def load_spec(data: bytes, path: str = SPEC_PATH) -> TaskSpec:
+def load_spec(data: bytes, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS) -> TaskSpec:
     """Parse and validate; raise the first SpecError, else return the spec with defaults filled.
 
-    The size is checked first: a spec that reached the node without the hook (replication,
-    fetch) is not parsed when oversized. Cached by content: the agent loads the same spec at
-    queue, placement and run time."""
-    too_big = size_error(len(data), path)
-    if too_big is not None:
-        raise too_big
-    return _load_cached(bytes(data), path)
+    Cached by content: the agent loads the same spec at queue, placement and run time.
+    A spec over the size limit is refused before it is parsed (one that arrived by
+    replication never passed this node's pre-receive)."""
+    if len(data) > limits.spec_bytes:
+        raise too_big(len(data), path, limits)
+    return _load_cached(bytes(data), path, limits)
 
 
 @lru_cache(maxsize=1024)
-def _load_cached(data: bytes, path: str) -> TaskSpec:
-    errs = validate(data, path)
+def _load_cached(data: bytes, path: str, limits: InputLimits) -> TaskSpec:
+    errs = validate(data, path, limits)
     if errs:
         raise errs[0]
     doc, _ = _parse(data, path)
@@ -323,7 +311,6 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
             timeout_s=s.get("timeout_s", DEFAULT_TIMEOUT_S),
             env=dict(s.get("env", {})),
             agent=bool(s.get("agent", False)),
-            log_max_bytes=s.get("log_max_bytes", DEFAULT_LOG_MAX_BYTES),
         )
         for s in doc["steps"]
     )
@@ -342,4 +329,5 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
         description=doc.get("description", ""),
         placement=placement,
         agent=agent,
+        log_bytes=doc.get("log_bytes", DEFAULT_LOG_BYTES),
     )

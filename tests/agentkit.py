@@ -9,11 +9,34 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Unit work paths must be reachable by the unit users, so not under pytest's 0700
+# tmp dirs; conftest removes this session's tree at the end.
+UNITS_BASE = Path("/var/tmp/kovanex-test-units") / uuid.uuid4().hex[:12]
+
+
+def exchange_dir() -> Path:
+    """A dir a test and its steps (running as unit users) can both write: 1777, like /tmp."""
+    d = UNITS_BASE / f"x-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    for p in (d.parent, d.parent.parent):
+        os.chmod(p, 0o755)
+    os.chmod(d, 0o1777)
+    return d
+
+
+def units_root() -> Path:
+    """A fresh 0755 directory for one node's unit paths."""
+    d = UNITS_BASE / uuid.uuid4().hex[:8]
+    d.mkdir(parents=True, mode=0o755)
+    for p in (d, d.parent, d.parent.parent):
+        os.chmod(p, 0o755)
+    return d
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -72,7 +95,8 @@ class Node:
         self.data = root / name
         self.name = name
         self.proc: subprocess.Popen | None = None
-        kx("init", "--name", name, "--bind", "127.0.0.1:0", *init_args, data=self.data)
+        units = ("--units-root", str(units_root())) if os.geteuid() == 0 else ()
+        kx("init", "--name", name, "--bind", "127.0.0.1:0", *units, *init_args, data=self.data)
 
     def start(self, *extra: str, env: dict[str, str] | None = None) -> Node:
         log = open(self.data / "agent.log", "ab")

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-os.environ["GIT_CONFIG_GLOBAL"] = str(ROOT / "tests" / "gitconfig")
+# A copy per session: `kovanex init` registers its credential helper in the global git
+# config (as `gh auth setup-git` does), and must never edit the committed file.
+_GITCONFIG = Path(tempfile.mkdtemp(prefix="kx-gitconfig-")) / "gitconfig"
+shutil.copyfile(ROOT / "tests" / "gitconfig", _GITCONFIG)
+os.environ["GIT_CONFIG_GLOBAL"] = str(_GITCONFIG)
 os.environ["GIT_CONFIG_NOSYSTEM"] = "1"
 for _k in ("GIT_DIR", "GIT_WORK_TREE", "KOVANEX_HOME"):
     os.environ.pop(_k, None)
@@ -31,3 +37,11 @@ def pytest_runtest_makereport(item, call):
         if "seed" in funcargs:
             rep.sections.append(("kovanex", f"KOVANEX_SEED={funcargs['seed']}"))
             print(f"\nKOVANEX_SEED={funcargs['seed']}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Unit work paths live outside pytest's tmp dirs (units must reach them)."""
+    from tests.agentkit import UNITS_BASE
+
+    shutil.rmtree(UNITS_BASE, ignore_errors=True)
+    shutil.rmtree(_GITCONFIG.parent, ignore_errors=True)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.agentkit import Node, clone_with_task, fsck, git, kx, trailers_of, wait_for
+from tests.agentkit import Node, clone_with_task, exchange_dir, fsck, git, kx, trailers_of, wait_for
 
 ONE_STEP = '[[steps]]\nname = "hello"\nrun = "echo hello-from-$KOVANEX_NODE"\n'
 
@@ -32,7 +32,8 @@ def test_push_while_agent_down_is_validated_queued_in_git_and_run_on_start(tmp_p
 
 
 def test_logs_follow_streams_until_the_task_ends(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    gate = xd / "gate"
     spec = (
         '[[steps]]\nname = "talk"\n'
         f'run = "echo first-line; while [ ! -e {gate} ]; do sleep 0.05; done; echo last-line"\n'
@@ -107,15 +108,18 @@ def test_runner_and_server_roles_own_no_repos(tmp_path: Path) -> None:
 
 
 def test_cluster_verbs_join_leave_force_leave_and_event_handler(tmp_path: Path) -> None:
-    out = tmp_path / "events"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    out = xd / "events"
     a = Node(tmp_path, "a", "--profile", "local")
     cfg = a.data / "kovanex.toml"
     cfg.write_text(
         cfg.read_text()
         + f'\n[event_handlers]\n"member-join" = "env | grep ^KOVANEX_ >> {out}; cat >> {out}"\n'
     )
-    b = Node(tmp_path, "b", "--profile", "local")
-    c = Node(tmp_path, "c", "--profile", "local")
+    # gossip is authenticated by the cluster token's key: joiners share a's token
+    token = (a.data / "secrets" / "cluster.token").read_text().strip()
+    b = Node(tmp_path, "b", "--profile", "local", "--token", token)
+    c = Node(tmp_path, "c", "--profile", "local", "--token", token)
     bind = (a.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
     try:
         a.start()

@@ -12,6 +12,7 @@ import pytest
 from tests.agentkit import (
     Node,
     clone_with_task,
+    exchange_dir,
     fsck,
     git,
     process_gone,
@@ -37,7 +38,8 @@ def cluster(tmp_path: Path, pools: dict[str, str]) -> list[Node]:
 
 @pytest.mark.slow
 def test_runner_killed_mid_step_task_resumes_on_another_node(tmp_path: Path) -> None:
-    count1, pidf, go = tmp_path / "count1", tmp_path / "pid", tmp_path / "go"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    count1, pidf, go = xd / "count1", xd / "pid", xd / "go"
     spec = f"""
 [placement]
 labels = {{ pool = "b" }}
@@ -69,7 +71,8 @@ run = "if [ -e {go} ]; then cat first.txt; else echo $$ > {pidf}; sleep 300; fi"
         assert not process_gone(orphan)
         holder.start()
         wait_for(lambda: process_gone(orphan), 20, "the orphan of the old holder to die")
-        assert "killed an orphaned step" in holder.log()
+        # the kill comes first and its log line just after: wait for the line too
+        wait_for(lambda: "killed an orphaned step" in holder.log(), 10, "the orphan kill logged")
     finally:
         if orphan:
             try:
@@ -95,7 +98,8 @@ run = "if [ -e {go} ]; then cat first.txt; else echo $$ > {pidf}; sleep 300; fi"
 
 @pytest.mark.slow
 def test_paused_runner_comes_back_and_its_stale_write_is_refused(tmp_path: Path) -> None:
-    pidf, go, release = tmp_path / "pid", tmp_path / "go", tmp_path / "release"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    pidf, go, release = xd / "pid", xd / "go", xd / "release"
     spec = f"""
 [placement]
 labels = {{ pool = "b" }}

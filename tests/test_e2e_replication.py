@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, fsck, git, wait_for
+from tests.agentkit import Node, clone_with_task, exchange_dir, fsck, git, wait_for
 from tests.test_e2e_multinode import cluster
 
 ONE = '[[steps]]\nname = "s"\nrun = "echo hi"\n'
@@ -103,7 +103,8 @@ def test_owner_killed_replica_takes_over_and_old_owner_rejoins_as_replica(
         git("push", "origin", "task/acked", cwd=clone)  # acknowledged under sync
         acked = git("rev-parse", "task/acked", cwd=clone).stdout.strip()
         # a task mid-step on a pool=b node (n2 or n3) when the owner dies
-        gate, started = tmp_path / "gate", tmp_path / "started"
+        xd = exchange_dir()  # steps run as unit users: not under tmp_path
+        gate, started = xd / "gate", xd / "started"
         mid = (
             '[placement]\nlabels = { pool = "b" }\n[[steps]]\nname = "one"\n'
             'run = "echo one > one.txt"\n[[steps]]\nname = "two"\n'

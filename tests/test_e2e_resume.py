@@ -8,6 +8,7 @@ from pathlib import Path
 from tests.agentkit import (
     Node,
     clone_with_task,
+    exchange_dir,
     fsck,
     git,
     process_gone,
@@ -17,7 +18,8 @@ from tests.agentkit import (
 
 
 def test_kill9_agent_mid_step_resumes_without_rerunning_finished_steps(tmp_path: Path) -> None:
-    count1, pidf, go = tmp_path / "count1", tmp_path / "pid", tmp_path / "go"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    count1, pidf, go = xd / "count1", xd / "pid", xd / "go"
     spec = f"""
 [[steps]]
 name = "one"
@@ -50,7 +52,8 @@ run = "if [ -e {go} ]; then test -e first.txt && echo resumed; else echo $$ > {p
 
 
 def test_runner_slots_bound_concurrency(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    gate = xd / "gate"
     node = Node(tmp_path, "n1", "--runners", "1").start()
     try:
         spec = f'[[steps]]\nname = "wait"\nrun = "while [ ! -e {gate} ]; do sleep 0.05; done"\n'
@@ -74,7 +77,8 @@ def test_runner_slots_bound_concurrency(tmp_path: Path) -> None:
 
 
 def test_deployment_service_restarts_until_cancel(tmp_path: Path) -> None:
-    starts = tmp_path / "starts"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    starts = xd / "starts"
     spec = f"""
 kind = "deployment"
 [[steps]]

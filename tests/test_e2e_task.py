@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, fsck, git, process_gone, trailers_of, wait_for
+from tests.agentkit import (
+    Node,
+    clone_with_task,
+    exchange_dir,
+    fsck,
+    git,
+    process_gone,
+    trailers_of,
+    wait_for,
+)
 
 TWO_STEPS = """
 kind = "job"
@@ -102,7 +111,8 @@ def test_atomic_push_of_several_tasks(node: Node, tmp_path: Path) -> None:
 def test_cancel_kills_running_step_and_running_branch_is_protected(
     node: Node, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "pid"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    marker = xd / "pid"
     spec = f"""
 [[steps]]
 name = "slow"
@@ -123,17 +133,18 @@ run = "echo $$ > {marker} && sleep 300"
 
 
 def test_failed_step_retries_then_fails_then_retry_command(node: Node, tmp_path: Path) -> None:
-    flag = tmp_path / "fixed"
+    xd = exchange_dir()  # steps run as unit users: not under tmp_path
+    flag = xd / "fixed"
     spec = f"""
 retries = 1
 [[steps]]
 name = "flaky"
-run = "echo try >> {tmp_path / "tries"}; test -e {flag}"
+run = "echo try >> {xd / "tries"}; test -e {flag}"
 """
     clone = clone_with_task(node, "demo", tmp_path / "c", "flaky-1", spec)
     git("push", "origin", "task/flaky-1", cwd=clone)
     wait_for(lambda: state(node, "flaky-1") == "failed", 30, "task to fail")
-    assert (tmp_path / "tries").read_text().count("try") == 2  # 1 + retries
+    assert (xd / "tries").read_text().count("try") == 2  # 1 + retries
     flag.write_text("ok")
     node.kx("task", "retry", "flaky-1")
     wait_for(lambda: state(node, "flaky-1") == "succeeded", 30, "retried task to succeed")

@@ -10,7 +10,6 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from kovanex.gitstate.mirror import SYNC_STAGING
 from kovanex.net.githttp import GitHttpServer
 from kovanex.net.gossip import GossipNode
 from kovanex.net.transport import MemoryNetwork, MemoryTransport
+from tests.agentkit import until
 
 TOKEN = "replica-test-token"
 MAIN = "refs/heads/main"
@@ -54,14 +54,6 @@ def rev(repo: Path, ref: str) -> str | None:
 
 def has(repo: Path, oid: str) -> bool:
     return subprocess.run(["git", "--git-dir", str(repo), "cat-file", "-e", oid]).returncode == 0
-
-
-async def wait(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(0.01)
 
 
 class Node:
@@ -138,7 +130,7 @@ async def cluster(tmp: Path, n: int = 3) -> tuple[MemoryNetwork, list[Node]]:
     for i in range(2, n + 1):
         nodes.append(await Node(net, tmp, f"n{i}").start(seed=nodes[0]))
     names = {x.name for x in nodes}
-    await wait(
+    await until(
         lambda: all({m.name for m in x.g.members() if m.status == "alive"} == names for x in nodes),
         what="membership",
     )
@@ -225,15 +217,15 @@ def test_async_replica_created_catches_up_and_bursts_coalesce(tmp_path: Path) ->
         try:
             path = await create(a, "demo")
             assert a.m.is_owner("demo") and a.m.owner_of("demo")[0] == "n1"
-            await wait(lambda: len(a.m.status("demo")["replicas"]) == 1, what="placement")
+            await until(lambda: len(a.m.status("demo")["replicas"]) == 1, what="placement")
             (rname,) = a.m.status("demo")["replicas"]
             r = next(x for x in nodes if x.name == rname)
             other = next(x for x in nodes if x.name not in ("n1", rname))
             work = Work(tmp_path)
             await work.commit()
             a.m.refs_changed("demo", await work.push(path, MAIN, TASK))
-            await wait(lambda: rev(r.repo("demo"), TASK) == rev(path, TASK), what="catch-up")
-            await wait(lambda: lag_zero(a, "demo", rname), what="lag 0")
+            await until(lambda: rev(r.repo("demo"), TASK) == rev(path, TASK), what="catch-up")
+            await until(lambda: lag_zero(a, "demo", rname), what="lag 0")
             assert r.m.is_replica("demo") and not r.m.is_owner("demo")
             assert r.hooked == [r.repo("demo")]  # the agent's hooks went into the mirror
             assert r.m.owner_of("demo") == ("n1", a.srv.repo_url("demo"), 1)  # type: ignore[union-attr]
@@ -247,7 +239,7 @@ def test_async_replica_created_catches_up_and_bursts_coalesce(tmp_path: Path) ->
                 await work.commit()
                 t0 = time.monotonic()
                 a.m.refs_changed("demo", await work.push(path, TASK))
-                await wait(lambda: lag_zero(a, "demo", rname), what="lag 0 again")
+                await until(lambda: lag_zero(a, "demo", rname), what="lag 0 again")
                 lags.append(time.monotonic() - t0)
             print(
                 f"\nreplica lag p50 {statistics.median(lags) * 1000:.0f} ms, max "
@@ -265,8 +257,8 @@ def test_async_replica_created_catches_up_and_bursts_coalesce(tmp_path: Path) ->
                 git("--git-dir", str(path), "update-ref", TASK, oid)
                 git("--git-dir", str(path), "update-ref", f"refs/heads/task/b{i}", oid)
                 a.m.refs_changed("demo", {TASK: oid, f"refs/heads/task/b{i}": oid})
-            await wait(lambda: lag_zero(a, "demo", rname), what="burst converged")
-            await wait(r.m.quiet, what="replica idle")  # every announcement processed
+            await until(lambda: lag_zero(a, "demo", rname), what="burst converged")
+            await until(r.m.quiet, what="replica idle")  # every announcement processed
             print(f"burst: 12 moves, {r.m.fetches['demo'] - before} fetches")
             assert r.m.fetches["demo"] - before <= 6, r.m.fetches  # one per move would be 12+
             assert rev(r.repo("demo"), TASK) == rev(path, TASK)
@@ -287,15 +279,15 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
         a, b, c = nodes
         try:
             path = await create(a, "s")
-            await wait(lambda: b.m.owner_of("s") is not None, what="b hears of s")
+            await until(lambda: b.m.owner_of("s") is not None, what="b hears of s")
             with pytest.raises(ValueError, match="its owner is n1"):
                 await b.m.set_policy("s", "sync", 2)
             await a.m.set_policy("s", "sync", 2)
-            await wait(lambda: set(a.m.status("s")["replicas"]) == {"n2", "n3"}, what="2 replicas")
+            await until(lambda: set(a.m.status("s")["replicas"]) == {"n2", "n3"}, what="2 replicas")
             work = Work(tmp_path)
             base = await work.commit()
             a.m.refs_changed("s", await work.push(path, MAIN))
-            await wait(lambda: lag_zero(a, "s", "n2") and lag_zero(a, "s", "n3"), what="lag 0")
+            await until(lambda: lag_zero(a, "s", "n2") and lag_zero(a, "s", "n3"), what="lag 0")
             assert b.m.status("s")["level"] == "sync"
 
             new = await work.commit()
@@ -310,8 +302,8 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
             git("--git-dir", str(path), "update-ref", MAIN, new, base)
             a.m.refs_changed("s", {MAIN: new})
             for x in (b, c):
-                await wait(lambda x=x: rev(x.repo("s"), MAIN) == new, what="real ref moved")
-                await wait(lambda x=x: rev(x.repo("s"), SYNC_STAGING + MAIN) is None, what="gc")
+                await until(lambda x=x: rev(x.repo("s"), MAIN) == new, what="real ref moved")
+                await until(lambda x=x: rev(x.repo("s"), SYNC_STAGING + MAIN) is None, what="gc")
 
             assert c.srv is not None
             await c.srv.close()  # one replica unreachable: the write must be refused
@@ -340,11 +332,11 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
         try:
             path = await create(a, "t")
             await a.m.set_policy("t", "sync", 2)
-            await wait(lambda: set(a.m.status("t")["replicas"]) == {"n2", "n3"}, what="replicas")
+            await until(lambda: set(a.m.status("t")["replicas"]) == {"n2", "n3"}, what="replicas")
             work = Work(tmp_path)
             base = await work.commit()
             a.m.refs_changed("t", await work.push(path, MAIN, TASK))
-            await wait(lambda: lag_zero(a, "t", "n2") and lag_zero(a, "t", "n3"), what="lag 0")
+            await until(lambda: lag_zero(a, "t", "n2") and lag_zero(a, "t", "n3"), what="lag 0")
 
             # acked by both replicas, then the owner dies before its ref moved
             acked = await work.commit()
@@ -358,29 +350,29 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
             await work.push(path, MAIN, force=True)
             assert rev(path, MAIN) == lost
 
-            await wait(lambda: b.m.is_owner("t") or c.m.is_owner("t"), 15.0, "takeover")
+            await until(lambda: b.m.is_owner("t") or c.m.is_owner("t"), 15.0, "takeover")
             new, third = (b, c) if b.m.is_owner("t") else (c, b)
-            await wait(lambda: new.owned == ["t"], what="on_owned")
+            await until(lambda: new.owned == ["t"], what="on_owned")
             assert third.owned == []
             assert new.m.owner_of("t")[2] == 2  # type: ignore[index]
             assert rev(new.repo("t"), MAIN) == acked  # the acknowledged commit survived
-            await wait(
+            await until(
                 lambda: third.m.owner_of("t")[:2] == (new.name, new.srv.repo_url("t")),
                 what="third switched upstream",
             )  # type: ignore[index,union-attr]
             assert not third.m.is_owner("t")
-            await wait(lambda: rev(third.repo("t"), MAIN) == acked, what="third follows")
+            await until(lambda: rev(third.repo("t"), MAIN) == acked, what="third follows")
             more = await _continue(work, acked)
             await work.push(new.repo("t"), MAIN)
             new.m.refs_changed("t")  # None: the manager reads the refs itself
-            await wait(lambda: rev(third.repo("t"), MAIN) == more, what="third fetches new owner")
+            await until(lambda: rev(third.repo("t"), MAIN) == more, what="third fetches new owner")
 
             # the old owner comes back (same name, same disk, new process)
             back = Node(net, tmp_path, "n1")
             nodes[0] = back
             await back.start(seed=new)
-            await wait(lambda: not back.m.is_owner("t"), 15.0, "demotion")
-            await wait(lambda: rev(back.repo("t"), MAIN) == more, 15.0, "old owner follows")
+            await until(lambda: not back.m.is_owner("t"), 15.0, "demotion")
+            await until(lambda: rev(back.repo("t"), MAIN) == more, 15.0, "old owner follows")
             assert rev(back.repo("t"), "refs/kovanex/lost/1/" + MAIN) == lost
             assert back.m.owner_of("t")[0] == new.name  # type: ignore[index]
             assert new.m.is_owner("t") and new.m.owner_of("t")[2] == 2  # type: ignore[index]
@@ -396,7 +388,7 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
                 "http": back.srv.url,
             }  # type: ignore[union-attr]
             back.g.publish("owner", "t", stale)
-            await wait(
+            await until(
                 lambda: all(x.g.get("owner", "t")["epoch"] == 2 for x in nodes),
                 what="owner re-asserted",
             )

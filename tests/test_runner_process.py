@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -16,6 +14,7 @@ import pytest
 import uvloop
 
 from kovanex.runner import Limits, detect, follow, process, run_step, step_env
+from tests.agentkit import until, wait_for
 
 
 def gone(pid: int) -> bool:
@@ -24,22 +23,6 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-async def await_until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
 
 
 def env_for(tmp_path: Path) -> dict[str, str]:
@@ -120,7 +103,7 @@ def test_timeout_kills_grandchildren(tmp_path: Path) -> None:
     assert 0.9 < out.duration_s < 5
     for name in ("gc.pid", "c.pid"):
         pid = int((tmp_path / name).read_text())
-        assert wait_until(lambda p=pid: gone(p)), f"{name} survived"
+        wait_for(lambda p=pid: gone(p), 5.0, "the process to be gone")
     assert "timed out after 1s" in (tmp_path / "log").read_text()
 
 
@@ -133,7 +116,7 @@ def test_sigterm_ignoring_step_gets_sigkill_after_grace(tmp_path: Path) -> None:
     )
     assert out.result == "timeout"
     assert 0.75 < out.duration_s < 3
-    assert wait_until(lambda: gone(int((tmp_path / "me").read_text())))
+    wait_for(lambda: gone(int((tmp_path / "me").read_text())), 5.0, "the process to be gone")
 
 
 def test_cancel_kills_the_tree_and_reports_killed(tmp_path: Path) -> None:
@@ -151,15 +134,15 @@ def test_cancel_kills_the_tree_and_reports_killed(tmp_path: Path) -> None:
                 on_start=pids.append,
             )
         )
-        await await_until(lambda: (tmp_path / "gc.pid").exists() and bool(pids))
+        await until(lambda: (tmp_path / "gc.pid").exists() and bool(pids))
         cancel.set()
         return await step, pids[0]
 
     out, leader = asyncio.run(main())
     assert (out.result, out.exit_code) == ("killed", None)
     assert out.duration_s < 5
-    assert wait_until(lambda: gone(leader))
-    assert wait_until(lambda: gone(int((tmp_path / "gc.pid").read_text())))
+    wait_for(lambda: gone(leader), 5.0, "the process to be gone")
+    wait_for(lambda: gone(int((tmp_path / "gc.pid").read_text())), 5.0, "the process to be gone")
 
 
 def test_cancelling_the_runner_task_still_kills_the_tree(tmp_path: Path) -> None:
@@ -173,21 +156,21 @@ def test_cancelling_the_runner_task_still_kills_the_tree(tmp_path: Path) -> None
                 log_path=tmp_path / "log",
             )
         )
-        await await_until(lambda: (tmp_path / "gc.pid").exists())
+        await until(lambda: (tmp_path / "gc.pid").exists())
         step.cancel()
         with pytest.raises(asyncio.CancelledError):
             await step
         return int((tmp_path / "gc.pid").read_text())
 
     pid = asyncio.run(main())
-    assert wait_until(lambda: gone(pid))
+    wait_for(lambda: gone(pid), 5.0, "the process to be gone")
 
 
 def test_background_leftovers_are_killed_when_the_shell_exits(tmp_path: Path) -> None:
     out = run(tmp_path, "sleep 300 & echo $! > bg.pid", kill_grace_s=0.5)
     assert out.result == "ok"
     assert "background processes" in out.reason
-    assert wait_until(lambda: gone(int((tmp_path / "bg.pid").read_text())))
+    wait_for(lambda: gone(int((tmp_path / "bg.pid").read_text())), 5.0, "the process to be gone")
 
 
 @pytest.mark.skipif(detect() == "rlimit", reason="needs cgroups to track setsid escapes")
@@ -200,7 +183,7 @@ def test_cgroup_catches_a_grandchild_that_left_the_session(tmp_path: Path) -> No
     )
     assert out.result == "timeout"
     pid = int((tmp_path / "esc.pid").read_text())
-    assert wait_until(lambda: gone(pid))
+    wait_for(lambda: gone(pid), 5.0, "the process to be gone")
 
 
 def test_runs_under_uvloop(tmp_path: Path) -> None:
@@ -232,12 +215,12 @@ def test_cancel_under_uvloop_kills_the_tree(tmp_path: Path) -> None:
                 cancel=cancel,
             )
         )
-        await await_until(lambda: (tmp_path / "gc.pid").exists())
+        await until(lambda: (tmp_path / "gc.pid").exists())
         cancel.set()
         return await step
 
     assert uvloop.run(main()).result == "killed"
-    assert wait_until(lambda: gone(int((tmp_path / "gc.pid").read_text())))
+    wait_for(lambda: gone(int((tmp_path / "gc.pid").read_text())), 5.0, "the process to be gone")
 
 
 def test_step_env_is_built_from_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -343,7 +326,7 @@ def test_the_asyncio_spawn_path_still_works(tmp_path: Path) -> None:
     assert (tmp_path / "log").read_text() == "slow-path\n"
     out = run(tmp_path, "sleep 300 & echo $! > bg.pid; wait", timeout_s=0.5, fast_spawn=False)
     assert out.result == "timeout"
-    assert wait_until(lambda: gone(int((tmp_path / "bg.pid").read_text())))
+    wait_for(lambda: gone(int((tmp_path / "bg.pid").read_text())), 5.0, "the process to be gone")
 
 
 def test_no_pidfd_or_thread_leaks_over_many_steps(tmp_path: Path) -> None:

@@ -65,6 +65,8 @@ def test_cancelled_waiter_takes_no_slot() -> None:
 
 def test_misuse() -> None:
     with pytest.raises(ValueError):
-        RunnerSlots(0)
+        RunnerSlots(-1)
+    none = RunnerSlots(0)  # SERVER/STORAGE nodes: a valid pool that never hands out a slot
+    assert (none.total, none.free, none.try_acquire()) == (0, 0, False)
     with pytest.raises(RuntimeError):
         RunnerSlots(1).release()

@@ -33,16 +33,31 @@ def keyring_path(layout: cfgmod.Layout) -> Path:
     return layout.root / "keyring.json"
 
 
-def load_keyring(layout: cfgmod.Layout) -> Keyring:
+def load_keyring(layout: cfgmod.Layout, cfg: cfgmod.NodeConfig | None = None) -> Keyring:
+    """The gossip keyring: keyring.json when present (`--encrypt` or a rotation wrote it,
+    so it is authoritative), else the key carried by the cluster token. Only a node
+    initialised with `--insecure-gossip` runs with an empty keyring (plaintext)."""
     p = keyring_path(layout)
-    return Keyring.load(p) if p.exists() else Keyring()
+    if p.exists():
+        return Keyring.load(p)
+    if cfg is not None and cfg.insecure_gossip:
+        return Keyring()
+    key = cfgmod.gossip_key(layout)
+    return Keyring([key], key)
 
 
 class Cluster:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         cfg = agent.cfg
-        self.keyring = load_keyring(agent.layout)
+        self.keyring = load_keyring(agent.layout, cfg)
+        if not self.keyring.keys():
+            log.warning(
+                "gossip is NOT encrypted (--insecure-gossip in %s): any process that can "
+                "reach %s can join, be placed on and read cluster state",
+                agent.layout.config,
+                cfg.gossip_bind,
+            )
         self.node = GossipNode(
             cfg.name,
             profile(cfg.gossip_profile, cfg.gossip_overrides),
@@ -234,6 +249,16 @@ class Cluster:
             self.record("handler", {"event": topic, "error": str(e)})
 
     # -- keys --------------------------------------------------------------------------
+    def security(self) -> dict[str, Any]:
+        """What `kovanex status` shows: is gossip authenticated, and what was dropped."""
+        dropped = dict(self.node.stats().get("dropped", {}))
+        return {
+            "gossip_encrypted": bool(self.keyring.keys()),
+            "gossip_keys": len(self.keyring.keys()),
+            "dropped_undecryptable": int(dropped.get("decrypt", 0)),
+            "dropped_unencrypted": int(dropped.get("unencrypted", 0)),
+        }
+
     def keys_op(self, args: dict[str, Any]) -> dict[str, Any]:
         action, key = args.get("action", "list"), args.get("key")
         try:

@@ -23,19 +23,22 @@ from kovanex import spec as specmod
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.control import ControlServer
 from kovanex.agent.executor import Lease, TaskRun, kill_orphan
-from kovanex.agent.failover import Failover
+from kovanex.agent.failover import START_FAILED, Failover
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookRequest, HookServer
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.serverplace import ServerPlacement
+from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.watcher import RefWatcher
-from kovanex.cli.repocmd import install_hooks
+from kovanex.core import startwatch
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import AlreadyClaimed, TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.githttp import GitHttpServer
+from kovanex.paths import install_hooks
 from kovanex.pushcheck import (
     ZERO,
     PushOptions,
@@ -45,8 +48,9 @@ from kovanex.pushcheck import (
     queue_submission,
     record_push,
 )
-from kovanex.runner import RunnerSlots
+from kovanex.runner import RunnerSlots, units
 from kovanex.runner.limits import reap_stale
+from kovanex.tokens import TokenBook
 
 log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
@@ -63,6 +67,7 @@ class Agent(ControlOps, Failover):
         self.cfg = cfg
         self.node = cfg.name
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
+        self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
         self.runs: dict[Key, TaskRun] = {}
         self.tips: dict[Key, str] = {}
         self.locks: dict[Key, asyncio.Lock] = {}
@@ -71,6 +76,7 @@ class Agent(ControlOps, Failover):
         self.pending: dict[Key, tuple[str, int]] = {}
         self.ledgers: dict[str, TaskLedger] = {}
         self.placer = Placer(self)
+        self.server_placement = ServerPlacement(self)
         self.stop_event = asyncio.Event()
         self.started = time.time()
         self.extra_ops: dict[str, Callable[[dict[str, Any]], Any]] = {}
@@ -92,6 +98,10 @@ class Agent(ControlOps, Failover):
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
+        # placed leases waiting to be started, with the owner's clock (ADR 0012)
+        self.lease_watches: dict[Key, startwatch.Watch] = {}
+        self.start_failures: dict[Key, startwatch.StartFailure] = {}
+        self._lease_kick = asyncio.Event()
 
     # -- repos and ledgers -------------------------------------------------------------
     def repo_path(self, repo: str) -> Path:
@@ -190,20 +200,28 @@ class Agent(ControlOps, Failover):
             queue_depth_fn=lambda: len(self.pending),
         )
         host, port = cfgmod.parse_addr(self.cfg.http_bind, 0)
+        book = TokenBook(self.layout.tokens_file)
         self.http = GitHttpServer(
-            self.layout.repos, self.token, bind=(host, port), api=self._http_api
+            self.layout.repos,
+            self.token,
+            bind=(host, port),
+            api=self._http_api,
+            users=book,
         )
         await self.http.start()
         self.cluster = Cluster(self)
         await self.cluster.start()
+        self.token_sync = TokenSync(book, self.cluster.node)
+        self.token_sync.start()
         self.cluster.node.subscribe("assign", self._on_assign)
+        self.cluster.node.subscribe(START_FAILED, self._on_start_failed)
         self.replicas = ReplicaManager(
             node_name=self.node,
             repos_dir=self.layout.repos,
             gossip=self.cluster.node,
             token=self.token,
             http_url=self.http_url,
-            install_hooks=lambda path: install_hooks(path, self.layout),
+            install_hooks=lambda path: install_hooks(path, self.layout.root),
             on_owned=self._on_owned,
         )
         await self.replicas.start()
@@ -216,6 +234,7 @@ class Agent(ControlOps, Failover):
             asyncio.create_task(self._gossip_refresher()),
             asyncio.create_task(self.health.run(self.stop_event)),
             asyncio.create_task(self._lease_guard()),
+            asyncio.create_task(self._placement_guard()),
         ]
         log.info("agent %s ready (hook port %d)", self.node, self.hooks.port)
         if on_ready:
@@ -351,6 +370,7 @@ class Agent(ControlOps, Failover):
             ledger = self.ledger(repo)
             view = ledger.read(task_id)
             self.tips[key] = view.tip
+            self.watch_lease(key, view)
             run = self.runs.get(key)
             if run is not None and (
                 view.epoch != run.lease.epoch
@@ -411,6 +431,7 @@ class Agent(ControlOps, Failover):
 
     async def _schedule(self, key: Key) -> None:
         repo, task_id = key
+        asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
             ledger = self.ledger(repo)
@@ -418,13 +439,15 @@ class Agent(ControlOps, Failover):
             if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
                 self.pending.pop(key, None)
                 return
+            if asked is not None and asked[0] != view.tip:
+                return  # it moved while the server decided; that move kicks another pass
             try:
                 spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
             except specmod.SpecError as e:
                 self._unschedulable(ledger, view, f"invalid spec: {e}")
                 self.pending.pop(key, None)
                 return
-            decision = self.placer.place(repo, task_id, spec)
+            decision = asked[1] if asked else self.placer.place(repo, task_id, spec)
             if decision.waiting:
                 return  # capacity will free up; stay queued without writing
             if decision.node is None:
@@ -441,6 +464,7 @@ class Agent(ControlOps, Failover):
                     return
                 self.pending.pop(key, None)
                 self.tips[key] = lease.tip
+                self.watch_lease(key, ledger.read(task_id))
                 if self.cluster is not None:
                     self.cluster.node.publish(
                         "assign",
@@ -469,6 +493,7 @@ class Agent(ControlOps, Failover):
                 return
             self.pending.pop(key, None)
             self.tips[key] = lease.tip
+            self.watch_lease(key, ledger.read(task_id))
             run = TaskRun(self, Lease(repo, task_id, self.node, lease.epoch))
             run.request = request_of(repo, task_id, spec)
             self.runs[key] = run
@@ -501,6 +526,7 @@ class Agent(ControlOps, Failover):
                     if self.replicas is None or self.replicas.is_owner(repo)
                     else self.owner_desc(repo)
                 ),
+                limits=self.cfg.limits,
             )
             if verdict.ok and self.replicas is not None and self.replicas.is_owner(repo):
                 # last check: a commit the replicas acked but we then refused could be

@@ -22,7 +22,7 @@ from kovanex import spec as specmod
 from kovanex.core import task as taskcore
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.runner import logs as runlogs
-from kovanex.runner import worktree
+from kovanex.runner import unitrepo, worktree
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step, step_env
 
@@ -58,6 +58,12 @@ class TaskRun:
         self.repo_path = Path(remote.cache) if remote is not None else agent.repo_path(lease.repo)
         self.request: Any = None
         self.wt = agent.layout.work / lease.repo / lease.task_id
+        # With compute units, the slot's unit runs the steps in its own clone, outside
+        # the node dir (runner/units.py, ADR 0010); else a linked worktree in it.
+        self.unit = agent.units[agent.slots.take_unit()] if agent.units else None
+        if self.unit is not None:
+            self.wt = unitrepo.clone_path(self.unit, lease.repo)
+        self.base = ""  # the commit the checkout holds: a unit snapshot sends only what is new
         self.pidfile = agent.layout.run / "steps" / f"{lease.repo}__{lease.task_id}.json"
 
     def stand_down(self, why: str) -> None:
@@ -77,12 +83,15 @@ class TaskRun:
             log.exception("%s/%s: run crashed; it resumes on the next reconcile", *self.key)
         finally:
             self._forget_pid()
-            try:
-                await asyncio.to_thread(
-                    worktree.remove, self.agent.repo_path(self.lease.repo), self.wt
-                )
-            except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
-                log.debug("worktree cleanup failed", exc_info=True)
+            if self.unit is not None:
+                self.agent.slots.give_unit(self.unit.index)  # its clone stays for the next task
+            else:
+                try:
+                    await asyncio.to_thread(
+                        worktree.remove, self.agent.repo_path(self.lease.repo), self.wt
+                    )
+                except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
+                    log.debug("worktree cleanup failed", exc_info=True)
             self.agent.run_finished(self)
 
     async def _hand_back(self) -> None:
@@ -148,12 +157,12 @@ class TaskRun:
     async def _run(self) -> None:
         view = await self._view()
         data = self.ledger.spec_bytes(self.lease.task_id)
-        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH)
+        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH, self.agent.cfg.limits)
         total = len(spec.steps)
         if view.state == taskcore.PLACED:
             view = await self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
         repo_path = self.repo_path
-        await asyncio.to_thread(worktree.prepare, repo_path, view.tip, self.wt)
+        await asyncio.to_thread(self._prepare, repo_path, view.tip)
         while True:
             if self.cancel.is_set():
                 raise StandDown(self.why)
@@ -169,7 +178,14 @@ class TaskRun:
             if view.state in taskcore.TERMINAL:
                 return
             if fresh:
-                await asyncio.to_thread(worktree.prepare, repo_path, view.tip, self.wt)
+                await asyncio.to_thread(self._prepare, repo_path, view.tip)
+
+    def _prepare(self, repo_path: Path, tip: str) -> None:
+        self.base = tip
+        if self.unit is None:
+            worktree.prepare(repo_path, tip, self.wt)
+        else:
+            unitrepo.prepare(repo_path, tip, self.unit, self.lease.repo)
 
     def _env(self, spec: specmod.TaskSpec, step: specmod.Step, index: int) -> dict[str, str]:
         kx = {
@@ -185,7 +201,16 @@ class TaskRun:
             if spec.agent.prompt:
                 kx["KOVANEX_PROMPT"] = str(self.wt / spec.agent.prompt)
             kx["KOVANEX_CONTEXT"] = ":".join(str(self.wt / c) for c in spec.agent.context)
-        return step_env(dict(step.env), kx, path=os.environ.get("PATH"))
+        home = str(self.unit.path) if self.unit is not None else None
+        return step_env(dict(step.env), kx, path=os.environ.get("PATH"), home=home)
+
+    def _hidden(self) -> list[Path] | None:
+        """Without units, a mount namespace may still hide the node's secrets (units.py)."""
+        if self.unit is not None or not self.agent.isolation.startswith("namespace"):
+            return None
+        lay = self.agent.layout
+        hide = (lay.root / "secrets", lay.root / "keyring.json", lay.run, lay.logs)
+        return [p for p in hide if p.exists()]
 
     def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:
         if step.agent and spec.agent is not None:
@@ -219,7 +244,9 @@ class TaskRun:
             limits=limits,
             cancel=self.cancel,
             on_start=self._remember_pid,
-            log_max_bytes=self.agent.cfg.node_log_max_bytes,
+            unit=self.unit,
+            hide=self._hidden(),
+            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
         )
         self._forget_pid()
         if self.cancel.is_set():
@@ -230,12 +257,20 @@ class TaskRun:
                 f"in {outcome.duration_s:.2f}s (limits: {outcome.limit_mechanism})\n".encode()
             )
         rel = f".kovanex/logs/{index + 1}-{step.name}.log"
-        capped = runlogs.read_capped(log_path, step.log_max_bytes)
+        # head and tail only: a step that printed gigabytes must not pass through our memory
+        capped = await asyncio.to_thread(runlogs.read_capped, log_path, spec.log_bytes)
         view = await self._view()
         trs = taskcore.step_done(
             view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
         )
-        if outcome.result == "ok":
+        if outcome.result == "ok" and self.unit is not None:
+            # Never write into the unit's clone as root: the log joins the tree here.
+            tree = await asyncio.to_thread(
+                unitrepo.snapshot, self.wt, self.unit, self.repo_path, self.base
+            )
+            view = await self._append(view, trs[0], tree=tree, files={rel: capped})
+            fresh = True
+        elif outcome.result == "ok":
             (self.wt / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.wt / rel).write_bytes(capped)
             tree = await asyncio.to_thread(worktree.snapshot, self.wt)
@@ -273,6 +308,9 @@ class TaskRun:
             cancel=self.cancel,
             backoff=Backoff(),
             on_restart=restarted,
+            unit=self.unit,
+            hide=self._hidden(),
+            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
         )
         raise StandDown(self.why or "service stopped")
 

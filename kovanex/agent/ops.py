@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kovanex import config as cfgmod
 from kovanex import modules
+from kovanex.agent import serverplace
 from kovanex.agent.control import ControlError
 
 if TYPE_CHECKING:
@@ -33,10 +34,21 @@ class ControlOps(_Base):
                 "pid": os.getpid(),
                 "uptime_s": round(time.time() - self.started, 1),
                 "runners": {"total": self.slots.total, "used": self.slots.used},
+                "isolation": self.isolation,
                 "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
                 "hook_port": self.hooks.port,
+                "gossip": self.cluster.security() if self.cluster is not None else {},
             }
+        if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
+            return {"published": self.token_sync.publish_all()}
+        if op == "units":
+            busy = {
+                r.unit.index: f"{r.lease.repo}/{r.lease.task_id}"
+                for r in self.runs.values()
+                if r.unit
+            }
+            return [{"index": u.index, "task": busy.get(u.index, "-")} for u in self.units]
         if op == "repo.status":
             if self.replicas is None or not self.repo_path(args["name"]).exists():
                 raise ControlError(
@@ -143,4 +155,6 @@ class ControlOps(_Base):
             repo = path[len("/v1/nudge/") :]
             hit = self.replicas is not None and self.replicas.nudged(repo)
             return (204 if hit else 404), {}, b""
+        if method == "POST" and path == serverplace.PLACE_PATH:
+            return serverplace.answer(self, headers, body)
         return None

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from kovanex import spec as specmod
-from kovanex.core import scoring
+from kovanex.core import scoring, startwatch
+from kovanex.gitstate.ledger import transition_of
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -78,10 +79,33 @@ class Placer:
     def nodes(self) -> list[scoring.NodeInfo]:
         return [self.local_node(), *self.agent.remote_nodes()]
 
+    def excluded(self, repo: str, task_id: str) -> frozenset[str]:
+        """Nodes that failed to start this task (Kovanex-Excluded, ADR 0012)."""
+        led = self.agent.ledger(repo)
+        tip = led.tip(task_id)
+        if tip is None:
+            return frozenset()
+        return startwatch.excluded(transition_of(c.message) for c in led.store.walk(tip))
+
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
         req = request_of(repo, task_id, spec)
         strategy = spec.placement.strategy or self.agent.cfg.strategy
-        nodes = self.nodes()
+        return self.decide_request(req, strategy, self.excluded(repo, task_id))
+
+    def decide_request(
+        self, req: scoring.TaskRequest, strategy: str, excl: frozenset[str]
+    ) -> Decision:
+        """Score `req` over this node's view; a SERVER answers peers' requests with it."""
+        d = self._decide(req, strategy, startwatch.candidates(self.nodes(), excl))
+        if d.node is None and excl:
+            anyone = self._decide(req, strategy, self.nodes())
+            if anyone.node is not None or anyone.waiting:
+                return Decision(reason=startwatch.all_excluded_reason(excl, d.reason))
+        return d
+
+    def _decide(
+        self, req: scoring.TaskRequest, strategy: str, nodes: list[scoring.NodeInfo]
+    ) -> Decision:
         result = scoring.place(
             scoring.NodeTable.from_nodes(nodes), req, strategy=strategy, rr_counter=self.rr
         )

@@ -8,7 +8,16 @@ import sys
 
 from kovanex import __version__
 from kovanex import config as cfgmod
-from kovanex.cli import nodecmd, repocmd, taskcmd
+from kovanex.cli import (
+    clustercmd,
+    misccmd,
+    nodecmd,
+    repocmd,
+    schedcmd,
+    taskcmd,
+    tokencmd,
+    unitcmd,
+)
 from kovanex.cli.output import CliError
 
 
@@ -21,14 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=None, help="node data dir (default: $KOVANEX_HOME, then ~/.kovanex)"
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="<command>")
-    for mod in (nodecmd, repocmd, taskcmd):
+    for mod in (
+        nodecmd,
+        repocmd,
+        taskcmd,
+        misccmd,
+        clustercmd,
+        schedcmd,
+        unitcmd,
+        tokencmd,
+    ):
         mod.register(sub)
-    for extra in ("kovanex.cli.misccmd", "kovanex.cli.clustercmd", "kovanex.cli.schedcmd"):
-        try:
-            __import__(extra, fromlist=["register"]).register(sub)
-        except ModuleNotFoundError as e:
-            if e.name != extra:
-                raise
     return p
 
 
@@ -53,28 +65,30 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(rest)
     layout = cfgmod.Layout(cfgmod.data_dir(data))
     try:
-        code = int(args.func(args, layout) or 0)
-        sys.stdout.flush()
-        return code
-    except BrokenPipeError:
-        return _reader_gone()
+        rc = int(args.func(args, layout) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return rc
     except (CliError, cfgmod.ConfigError) as e:
         print(f"kovanex: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_left()
 
 
-def _reader_gone() -> int:
-    """`kovanex task list | head -1`: the reader left, which is not an error of ours.
+SIGPIPE_STATUS = 141  # what git and a shell report for a writer whose reader left (128 + 13)
 
-    Python's documented recipe (signal module notes): point stdout at /dev/null so the
-    interpreter's final flush does not raise again, and exit quietly like a SIGPIPE'd tool.
-    """
+
+def _reader_left() -> int:
+    """`kovanex task list | head`: the reader has what it wanted; leave without a word.
+
+    Python would flush stdout again at exit and print a second BrokenPipeError, so stdout
+    is pointed at /dev/null first (the recipe in the `signal` module's documentation)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 141
+    return SIGPIPE_STATUS
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import random
-import secrets
 import socket
 import subprocess
 import sys
@@ -27,12 +26,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runners", type=int, default=2, help="runner slots (default 2)")
     p.add_argument("--bind", default="127.0.0.1:7946", help="gossip HOST:PORT (port 0: pick)")
     p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT (0: pick)")
-    p.add_argument("--token", help="cluster token shared by every node (default: a new one)")
+    p.add_argument(
+        "--token",
+        help="cluster token (secret + gossip key) shared by every node (default: a new one)",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="read the cluster token from this file (e.g. a copy of <data>/secrets/cluster.token)",
+    )
+    p.add_argument(
+        "--insecure-gossip",
+        action="store_true",
+        help="plaintext gossip: anyone who can reach the port can join (not recommended)",
+    )
+    p.add_argument(
+        "--placement-deadline",
+        type=float,
+        metavar="SECONDS",
+        help="requeue a placed task whose runner has not started it by then (profile default)",
+    )
     p.add_argument("--join", action="append", default=[], help="peer HOST:PORT to join")
     p.add_argument("--profile", default="lan", help="gossip profile: lan|wan|local|seed")
     p.add_argument("--encrypt", metavar="KEY", help="gossip key (base64, see `kovanex keygen`)")
     p.add_argument("--cluster-label", default="", help="gossip label bound into every packet")
     p.add_argument("--force", action="store_true", help="overwrite an existing kovanex.toml")
+    p.add_argument(
+        "--no-git-config",
+        action="store_true",
+        help="do not register `kovanex credential` in your global git config",
+    )
+    p.add_argument(
+        "--units",
+        choices=("users", "uids", "namespace", "none"),
+        help="step isolation: a user per runner slot (default as root), bare uids, "
+        "a mount namespace hiding secrets (default otherwise, where allowed), or none",
+    )
+    p.add_argument(
+        "--units-root", default="", help="unit work paths (default /var/lib/kovanex/units/NODE)"
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("agent", help="run the node agent (foreground)")
@@ -76,6 +108,12 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _default_units() -> str:
+    from kovanex.runner.units import default_mode
+
+    return default_mode()
+
+
 def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     if layout.config.exists() and not args.force:
         raise CliError(f"{layout.config} exists; use --force to overwrite it")
@@ -96,7 +134,17 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         join=list(args.join),
         http_bind=f"{hhost}:{hport}",
         gossip_label=args.cluster_label,
+        units_mode=args.units or _default_units(),
+        units_root=args.units_root,
+        insecure_gossip=args.insecure_gossip,
     )
+    if args.placement_deadline is not None:
+        if args.placement_deadline <= 0:
+            raise CliError("--placement-deadline must be > 0 seconds (the LAN default is 10)")
+        cfg.gossip_overrides["placement_deadline"] = float(args.placement_deadline)
+    if args.insecure_gossip and args.encrypt:
+        raise CliError("--insecure-gossip and --encrypt contradict each other; drop one")
+    value = _join_value(args)
     try:
         cfg.check()
     except cfgmod.ConfigError as e:
@@ -104,7 +152,16 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     for d in (layout.repos, layout.work, layout.logs, layout.run):
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
-    cfgmod.write_token(layout, args.token or secrets.token_hex(16))
+    cfgmod.write_token(layout, value)
+    from kovanex.cli.tokencmd import setup_local_access
+
+    access = setup_local_access(layout, cfg, git_config=not args.no_git_config)
+    from kovanex.runner import units as unitsmod
+
+    try:  # compute units: users, cgroups and paths; the node dir becomes 0700
+        unitsmod.setup_node(layout.root, cfg)
+    except unitsmod.UnitError as e:
+        raise CliError(str(e)) from e
     if args.encrypt:
         from kovanex.agent.cluster import keyring_path
         from kovanex.net.keyring import Keyring
@@ -114,8 +171,35 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         except ValueError as e:
             raise CliError(f"--encrypt: {e}; make one with `kovanex keygen`") from e
     print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
+    print(access)
+    if cfg.insecure_gossip:
+        print("warning: --insecure-gossip: gossip is plaintext; anyone on the network can join")
+    print(f"to add a node, copy {layout.token_file} (cluster secret + gossip key) to it, then:")
+    print(f"  kovanex init --data DIR --name NAME --token-file COPY --join {cfg.gossip_bind}")
+    print(f'  (on this machine: --token "$(cat {layout.token_file})")')
     print(f"next: kovanex agent --data {layout.root}")
     return 0
+
+
+def _join_value(args: argparse.Namespace) -> str:
+    """The cluster token for this node: given (`--token`/`--token-file`) or new."""
+    if args.token and args.token_file:
+        raise CliError("give --token or --token-file, not both")
+    if args.token_file:
+        try:
+            value = args.token_file.read_text().strip()
+        except OSError as e:
+            raise CliError(
+                f"--token-file {args.token_file}: {e.strerror}; copy the file "
+                "<data>/secrets/cluster.token from a node of the cluster"
+            ) from e
+    else:
+        value = (args.token or "").strip() or cfgmod.new_join_value()
+    try:
+        cfgmod.split_join_value(value)
+    except cfgmod.ConfigError as e:
+        raise CliError(f"--token: {e}") from e
+    return value
 
 
 def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
@@ -175,6 +259,17 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         return 0
     print(f"node {st['node']} pid {st['pid']} up {st['uptime_s']}s")
     print(f"runners {st['runners']['used']}/{st['runners']['total']} used")
+    if "isolation" in st:
+        print(f"isolation {st['isolation']}")
+    g = st.get("gossip") or {}
+    if g:
+        if g.get("gossip_encrypted"):
+            print(
+                f"gossip encrypted ({g['gossip_keys']} key(s)); "
+                f"dropped {g['dropped_undecryptable']} undecryptable packet(s)"
+            )
+        else:
+            print("gossip NOT encrypted (--insecure-gossip): anyone on the network can join")
     for r in st["running"]:
         print(f"running  {r}")
     for r in st["pending"]:

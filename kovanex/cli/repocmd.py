@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from kovanex import config as cfgmod
+from kovanex import paths
 from kovanex.cli.output import CliError, add_format, emit_json, table
-from kovanex.paths import hooks_dir
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-HOOKS = ("pre-receive", "post-receive")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,16 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def install_hooks(repo: Path, layout: cfgmod.Layout) -> None:
-    """Write hooks with absolute paths baked in: no PATH lookups, no interpreter shims."""
-    src = hooks_dir()
-    for name in HOOKS:
-        text = (src / name).read_text()
-        text = text.replace("@KX_DATA@", str(layout.root))
-        text = text.replace("@KX_PYTHON@", sys.executable)
-        text = text.replace("@KX_HOOKS@", str(src))
-        dst = repo / "hooks" / name
-        dst.write_text(text)
-        dst.chmod(0o755)
+    paths.install_hooks(repo, layout.root)
 
 
 def create_repo(layout: cfgmod.Layout, name: str) -> Path:
@@ -87,8 +76,9 @@ def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         control.call(layout.control_socket, "repo.created", name=args.name, timeout=5)
     except Exception:  # noqa: BLE001 - the agent adopts new repos when it starts
         print("note: the agent is not running; start it to serve this repo over HTTP")
-    print("clone URL (served by the agent; the local path works too):")
-    print(f"{cfgmod.http_url(cfg, cfgmod.read_token(layout))}/git/{args.name}.git")
+    print("clone URL (served by the agent; the local path works too; no secret in it:")
+    print("git asks `kovanex credential` on this machine, anyone else needs a token):")
+    print(f"{cfgmod.http_url(cfg)}/git/{args.name}.git")
     return 0
 
 

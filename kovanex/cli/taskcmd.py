@@ -223,11 +223,10 @@ def cmd_logs(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         for p in _log_files(layout, repo, args.id):
             with open(p, "rb") as f:
                 f.seek(offsets.get(p, 0))
-                chunk = f.read()
-            if chunk:
-                out.write(chunk)
-                out.flush()
-                offsets[p] = offsets.get(p, 0) + len(chunk)
+                while chunk := f.read(1 << 20):  # a node log may be 64 MiB: never all at once
+                    out.write(chunk)
+                    offsets[p] = offsets.get(p, 0) + len(chunk)
+            out.flush()
         if not args.follow:
             break
         if led.read(args.id).state in taskcore.TERMINAL:

@@ -38,6 +38,9 @@ class Profile:
     lifeguard: bool = True
     # When set, the suspicion timeout is fixed (the seed's "suspect at 30 s, dead at 60 s").
     fixed_suspicion_timeout: float = 0.0
+    # A placed task whose runner has not reported `running` by then is requeued elsewhere
+    # (seconds; ADR 0012). It scales with the network like the failure detector does.
+    placement_deadline: float = 10.0
 
 
 PROFILES: dict[str, Profile] = {
@@ -54,6 +57,7 @@ PROFILES: dict[str, Profile] = {
         indirect_checks=3,
         gossip_to_the_dead=60.0,
         reconnect_interval=30.0,
+        placement_deadline=30.0,
     ),
     "local": Profile(
         name="local",
@@ -82,6 +86,7 @@ PROFILES: dict[str, Profile] = {
         fixed_suspicion_timeout=30.0,
         gossip_to_the_dead=60.0,
         reconnect_interval=60.0,
+        placement_deadline=60.0,
     ),
 }
 

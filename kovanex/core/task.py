@@ -224,10 +224,14 @@ def _check(view: TaskView, event: str) -> str:
     return to
 
 
-def queue(view: TaskView, priority: int) -> Transition:
-    """A submitted branch enters the queue; the priority is recorded for schedulers."""
+def queue(view: TaskView, priority: int, pushed_by: str | None = None) -> Transition:
+    """A submitted branch enters the queue; the priority is recorded for schedulers, and
+    who pushed it for the audit trail (`Kovanex-Pushed-By`)."""
     to = _check(view, "queue")
-    return Transition(state=to, epoch=view.epoch, extra={"Priority": str(priority)})
+    extra = {"Priority": str(priority)}
+    if pushed_by:
+        extra["Pushed-By"] = pushed_by
+    return Transition(state=to, epoch=view.epoch, extra=extra)
 
 
 def place(view: TaskView, node: str, score_extra: Mapping[str, object] | None = None) -> Transition:

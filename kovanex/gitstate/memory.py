@@ -50,6 +50,9 @@ class MemoryStore:
                 raise CasConflict(name, old, actual)
             self._refs[name] = new
 
+    def pusher(self, ref: str, oid: str) -> str | None:
+        return None  # nothing reaches a memory store over HTTP
+
     def refs(self, prefix: str) -> dict[str, str]:
         with self._lock:
             return {k: v for k, v in sorted(self._refs.items()) if k.startswith(prefix)}

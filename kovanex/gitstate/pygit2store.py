@@ -159,7 +159,20 @@ class Pygit2Store:
             return None
         return tb.write()
 
-    def read_file(self, commit_or_tree: str, path: str) -> bytes | None:
+    def pusher(self, ref: str, oid: str) -> str | None:
+        """git http-backend records REMOTE_USER as the reflog's committer, with the email
+        `<user>@http.<addr>` (githttp sets both, so the agent's own env cannot mask them)."""
+        try:
+            entries = self.repo.references[ref].log()
+        except (KeyError, pygit2.GitError):
+            return None
+        for e in entries:  # newest first
+            if str(e.oid_new) == oid:
+                c = e.committer
+                return c.name if "@http." in (c.email or "") else None
+        return None
+
+    def _entry(self, commit_or_tree: str, path: str) -> pygit2.Object | None:
         obj = self.repo.get(commit_or_tree)
         if isinstance(obj, pygit2.Commit):
             obj = obj.tree
@@ -167,23 +180,19 @@ class Pygit2Store:
             raise KeyError(f"no such commit or tree {commit_or_tree}")
         split_path(path)
         try:
-            entry = obj[path]
+            return obj[path]
         except KeyError:
             return None
-        blob = self.repo.get(entry.id)
+
+    def read_file(self, commit_or_tree: str, path: str) -> bytes | None:
+        entry = self._entry(commit_or_tree, path)
+        blob = None if entry is None else self.repo.get(entry.id)
         return blob.data if isinstance(blob, pygit2.Blob) else None
 
     def file_size(self, commit_or_tree: str, path: str) -> int | None:
-        """A blob's size from the object header, without reading it (input limits, ADR 0013)."""
-        obj = self.repo.get(commit_or_tree)
-        if isinstance(obj, pygit2.Commit):
-            obj = obj.tree
-        if not isinstance(obj, pygit2.Tree):
-            raise KeyError(f"no such commit or tree {commit_or_tree}")
-        split_path(path)
-        try:
-            entry = obj[path]
-        except KeyError:
+        """A file's size from the object header, without reading it (limits come first)."""
+        entry = self._entry(commit_or_tree, path)
+        if entry is None:
             return None
         kind, size = self.repo.odb.read_header(entry.id)
         return size if kind == pygit2.enums.ObjectType.BLOB else None

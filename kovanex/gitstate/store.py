@@ -78,6 +78,11 @@ class RefStore(Protocol):
 
     def walk(self, tip: str, limit: int | None = None) -> Iterator[CommitInfo]: ...
 
+    def pusher(self, ref: str, oid: str) -> str | None:
+        """Who moved `ref` to `oid` over HTTP (the token's name), from the ref's reflog;
+        None for any other update (a local push, the agent's own commits)."""
+        ...
+
 
 def split_path(path: str) -> list[str]:
     """Path components, refusing anything git would reject or that could escape the tree."""

@@ -3,7 +3,8 @@
 Why CGI and not our own pack code: http-backend is the reference implementation of the smart
 protocol (v0 and v2), runs receive-pack with the repo's hooks and quarantine, and costs one
 short process per request, which is what a push costs anyway (ARCHITECTURE.md section 2).
-Our part is the HTTP/1.1 framing, the cluster-token check and streaming bodies both ways.
+Our part is the HTTP/1.1 framing, the credential check (httpauth.py: the cluster secret for
+nodes, user tokens by scope for people) and streaming bodies both ways.
 
 Each response is delimited by closing the connection (`Connection: close`): git's libcurl is
 happy with that, and it spares us response chunking for CGI output of unknown length.
@@ -12,15 +13,16 @@ happy with that, and it spares us response chunking for CGI output of unknown le
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import inspect
 import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
+
+from kovanex.net.httpauth import Principal, authenticate, git_scope, refusal_advertisement
+from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.githttp")
 
@@ -87,11 +89,13 @@ class GitHttpServer:
         api_public: bool = False,
         git: str = "git",
         max_backends: int = 32,
+        users: TokenBook | None = None,
     ) -> None:
         if not token:
             raise ValueError("an empty cluster token would let anyone read and push")
         self.repos_dir = Path(repos_dir)
         self.token = token
+        self.users = users
         self.bind = bind
         self.api = api
         self.api_public = api_public
@@ -162,11 +166,15 @@ class GitHttpServer:
         if m is None:
             await self._serve_api(req, reader, writer)
             return
-        user = self._auth(req)
-        if user is None:
-            await _unauthorized(writer)
-            return
+        who = self._auth(req)
         name, rest = m.group(1), m.group(2) or "/"
+        if not isinstance(who, Principal):
+            await self._refuse(req, rest, writer, who, 401)
+            return
+        need = git_scope(rest, req.query)
+        if not who.may(need, name):
+            await self._refuse(req, rest, writer, Refused(who.why_not(need, name)), 403)
+            return
         if not REPO_NAME.match(name) or ".." in rest:
             raise HttpError(404, "no such repo")
         if not (self.repos_dir / f"{name}.git").is_dir():
@@ -176,24 +184,32 @@ class GitHttpServer:
         peer = writer.get_extra_info("peername")
         async with self._backends:
             await self._cgi(
-                req, f"/{name}.git{rest}", user, peer[0] if peer else "", reader, writer
+                req, f"/{name}.git{rest}", who.name, peer[0] if peer else "", reader, writer
             )
 
-    def _auth(self, req: Request) -> str | None:
-        """The user name if the request carries the cluster token (Basic password or Bearer)."""
-        value = req.headers.get("authorization", "")
-        scheme, _, cred = value.partition(" ")
-        scheme = scheme.lower()
-        cred = cred.strip()
-        if scheme == "bearer":
-            return "kovanex" if _same(cred, self.token) else None
-        if scheme == "basic":
-            try:
-                user, _, password = base64.b64decode(cred, validate=True).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
-                return None
-            return (user or "kovanex") if _same(password, self.token) else None
-        return None
+    def _auth(self, req: Request) -> Principal | Refused | None:
+        return authenticate(req.headers.get("authorization", ""), self.token, self.users)
+
+    async def _refuse(
+        self,
+        req: Request,
+        rest: str,
+        writer: asyncio.StreamWriter,
+        why: Refused | None,
+        status: int,
+    ) -> None:
+        """No credential: 401, so git asks its credential helper. A named refusal on the
+        ref advertisement: git's own `remote error:` line, so the user reads why."""
+        if why is None:
+            await _unauthorized(writer)
+            return
+        service = parse_qs(req.query).get("service", [""])[0]
+        if rest == "/info/refs" and service in ("git-upload-pack", "git-receive-pack"):
+            ctype = f"application/x-{service}-advertisement"
+            body = refusal_advertisement(service, f"kovanex: {why}")
+            await _respond(writer, 200, {"Content-Type": ctype, "Cache-Control": "no-cache"}, body)
+            return
+        await _simple(writer, status, f"kovanex: {why}")
 
     # -- the JSON API / dashboard hook -----------------------------------------------------
     async def _serve_api(
@@ -201,9 +217,14 @@ class GitHttpServer:
     ) -> None:
         if self.api is None:
             raise HttpError(404)
-        if not self.api_public and self._auth(req) is None:
-            await _unauthorized(writer)
-            return
+        if not self.api_public:
+            who = self._auth(req)
+            if not isinstance(who, Principal):
+                await (_unauthorized(writer) if who is None else _simple(writer, 401, str(who)))
+                return
+            if not who.may("admin"):
+                await _simple(writer, 403, f"kovanex: {who.why_not('admin', None)}")
+                return
         body = b""
         async for chunk in _body_chunks(req, reader, writer):
             body += chunk
@@ -240,6 +261,10 @@ class GitHttpServer:
             REQUEST_METHOD=req.method,
             REMOTE_USER=user,
             REMOTE_ADDR=addr,
+            # what http-backend would set, unless the agent's own env names someone else:
+            # the reflog's committer is how a task learns who pushed it (Kovanex-Pushed-By)
+            GIT_COMMITTER_NAME=user,
+            GIT_COMMITTER_EMAIL=f"{user}@http.{addr or 'local'}",
             SCRIPT_NAME="/git",
         )
         for k, v in req.headers.items():
@@ -328,10 +353,6 @@ class GitHttpServer:
 
 
 # -- HTTP helpers ----------------------------------------------------------------------------
-def _same(given: str, token: str) -> bool:
-    return hmac.compare_digest(given.encode(), token.encode())
-
-
 def _chunked(req: Request) -> bool:
     return "chunked" in req.headers.get("transfer-encoding", "").lower()
 
@@ -461,5 +482,5 @@ async def _unauthorized(writer: asyncio.StreamWriter) -> None:
         writer,
         401,
         {"WWW-Authenticate": 'Basic realm="kovanex"', "Content-Type": "text/plain"},
-        b"cluster token required\n",
+        b"a token is required: the cluster secret, or a user token (kovanex token create)\n",
     )

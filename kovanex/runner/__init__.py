@@ -17,14 +17,16 @@ class RunnerSlots:
     """A semaphore whose free/used counts are public, so the agent can advertise capacity.
 
     Waiters are served first come, first served; a cancelled waiter takes no slot.
+    Zero slots is a node that runs nothing (SERVER and STORAGE roles): it never acquires.
     """
 
     def __init__(self, total: int) -> None:
-        if total < 1:
-            raise ValueError(f"total must be >= 1, got {total}")
+        if total < 0:
+            raise ValueError(f"runner slots must be >= 0, got {total}")
         self.total = total
         self._used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._free_units = list(range(total))  # a slot is a compute unit (units.py)
 
     @property
     def used(self) -> int:
@@ -70,6 +72,17 @@ class RunnerSlots:
                 fut.set_result(None)
                 return
         self._used -= 1
+
+    def take_unit(self) -> int:
+        """The lowest free unit index, for a caller that holds a slot."""
+        if not self._free_units:
+            raise RuntimeError("take_unit() without a free slot")
+        self._free_units.sort()
+        return self._free_units.pop(0)
+
+    def give_unit(self, index: int) -> None:
+        if index not in self._free_units:
+            self._free_units.append(index)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

@@ -16,7 +16,10 @@ import itertools
 import math
 import os
 import resource
+import shlex
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,18 @@ CPU_PERIOD_US = 100_000
 # $1 is the step's command, the rest are cgroup.procs files; "0" means "me". Exit
 # 126 ("cannot execute") if a join fails: the step never runs outside its limits.
 _JOIN = 'c=$1; shift; for f in "$@"; do echo 0 > "$f" || exit 126; done; exec /bin/sh -c "$c"'
+# For a compute unit: join as root, then exec "$@" (setpriv ... env -i ... sh -c cmd).
+# $1 = how many cgroup.procs files follow.
+_JOIN_ALL = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 126; shift; n=$((n-1)); '
+    'done; exec "$@"'
+)
+# Whatever runs as root before the drop gets this env and absolute paths, never a byte
+# of the step's env (LD_PRELOAD, PATH, GCONV_PATH ... would run a task's code as root).
+_SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_ENV = {"PATH": _SYS_PATH, "LANG": "C"}
+SETPRIV = shutil.which("setpriv", path=_SYS_PATH) or "/usr/bin/setpriv"
+ENV = shutil.which("env", path=_SYS_PATH) or "/usr/bin/env"
 _counter = itertools.count(1)
 
 
@@ -174,13 +189,30 @@ class Applied:
     process". See argv().
     """
 
-    def __init__(self, mechanism: str, dirs: list[Path], rlimits: list[tuple[int, int, int]]):
+    def __init__(
+        self,
+        mechanism: str,
+        dirs: list[Path],
+        rlimits: list[tuple[int, int, int]],
+        *,
+        as_ids: tuple[int, int] | None = None,
+        keep: bool = False,
+        delegated: bool = False,
+        oom_base: int = 0,
+    ):
         self.mechanism = mechanism
         self.dirs = dirs
         self._rlimits = rlimits
         self._procs = [str(d / "cgroup.procs") for d in dirs]
+        self.as_ids = as_ids  # (uid, gid) of the compute unit the step runs as
+        self._keep = keep  # a unit's own cgroup: joined, never removed
+        self._delegated = delegated  # its cgroup.procs is the unit's: it joins itself
+        self._oom_base = oom_base  # the unit cgroup's oom_kill count before this step
+        self._fds: list[int] = []  # the unit step's env memfd, until spawned
 
-    def argv(self, command: str) -> tuple[list[str], Callable[[], None] | None]:
+    def argv(
+        self, command: str, env: dict[str, str] | None = None
+    ) -> tuple[list[str], Callable[[], None] | None]:
         """The step's argv and the preexec hook it needs (None: spawn may vfork).
 
         With cgroups only, a wrapper shell joins them and then execs the step's
@@ -188,9 +220,64 @@ class Applied:
         out. A preexec_fn would force a full fork() of the agent (~7 ms here, more
         the bigger the agent) where vfork() costs ~1 ms. rlimits still need preexec.
         """
+        if self.as_ids is not None:
+            return self._unit_argv(command, env or {})
         if self._procs and not self._rlimits:
             return ["/bin/sh", "-c", _JOIN, "kovanex-join", command, *self._procs], None
         return ["/bin/sh", "-c", command], self.preexec
+
+    def spawn_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The env to exec argv() with: a unit's step env travels inside argv (env -i)."""
+        return dict(ROOT_ENV) if self.as_ids is not None else env
+
+    def _unit_argv(
+        self, command: str, env: dict[str, str]
+    ) -> tuple[list[str], Callable[[], None] | None]:
+        """Join (as root), drop with setpriv, then the step's shell, which first sources
+        its env from a memfd given as its stdin (see stdin()), then reopens /dev/null.
+
+        Run with spawn_env(): nothing before the drop sees the step's env. An `env -i`
+        after the drop would do too, but costs an exec (~1 ms) per step; the memfd also
+        keeps the env out of /proc/<pid>/cmdline, which every user can read.
+        """
+        assert self.as_ids is not None
+        uid, gid = self.as_ids
+        fd = self._env_fd(env)
+        drop = [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs"]
+        step = [*drop, "--", "/bin/sh", "-c"]
+        del fd  # it is the child's stdin
+        prologue = ". /dev/stdin || exit 126; exec </dev/null; "
+        if self._delegated and not self._rlimits:
+            # The step's own shell joins first, before a byte of the command runs; on
+            # one line, so the command's line numbers do not move.
+            join = "".join(f"echo 0 > {shlex.quote(p)} || exit 126; " for p in self._procs)
+            return [*step, join + prologue + command], None
+        if self._procs and not self._rlimits:
+            n = str(len(self._procs))
+            argv = ["/bin/sh", "-c", _JOIN_ALL, "kovanex-join", n, *self._procs, *step]
+            return [*argv, prologue + command], None
+        return [*step, prologue + command], self.preexec
+
+    def _env_fd(self, env: dict[str, str]) -> int:
+        """A sealed-off memfd holding `export K='v'` lines, for the step's shell to source."""
+        lines = [f"unset {k}" for k in ROOT_ENV if k not in env]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        fd = os.memfd_create("kovanex-step-env")
+        os.write(fd, ("\n".join(lines) + "\n").encode())
+        os.lseek(fd, 0, os.SEEK_SET)
+        self._fds.append(fd)
+        return fd
+
+    def stdin(self) -> int:
+        """The child's stdin: the unit step's env memfd, else /dev/null."""
+        return self._fds[0] if self._fds else subprocess.DEVNULL
+
+    def close_fds(self) -> None:
+        """After spawn: the child holds its own copy of each passed fd."""
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
     @property
     def preexec(self) -> Callable[[], None] | None:
@@ -233,10 +320,12 @@ class Applied:
             for line in text.splitlines():
                 key, _, val = line.partition(" ")
                 if key == "oom_kill":
-                    return int(val)
+                    return int(val) - self._oom_base
         return 0
 
     def _try_remove(self) -> bool:
+        if self._keep:
+            return True
         left = False
         for d in self.dirs:
             try:
@@ -260,20 +349,31 @@ class Applied:
             await asyncio.sleep(0.01)  # kernel-side teardown, bounded by the deadline
 
 
-def apply(limits: Limits | None, *, timeout_s: float) -> Applied:
-    """Create the per-run cgroup (or rlimit list) for `limits`."""
+def apply(
+    limits: Limits | None,
+    *,
+    timeout_s: float,
+    parents: dict[str, Path] | None = None,
+    as_ids: tuple[int, int] | None = None,
+) -> Applied:
+    """Create the per-run cgroup (or rlimit list) for `limits`.
+
+    `parents` are a compute unit's cgroups (controller -> dir): the run cgroup is
+    made under them, and a step without limits joins them directly, so the unit's
+    cgroup always holds all of its processes. `as_ids` = (uid, gid) to run as.
+    """
     if limits is None or (limits.cpu is None and limits.memory_mb is None):
-        return Applied(NONE, [], [])
+        return Applied(NONE, list((parents or {}).values()), [], as_ids=as_ids, keep=True)
     mechanism = limits.mechanism or detect()
     if mechanism in (CGROUP_V1, CGROUP_V2):
         try:
-            return _apply_cgroup(limits, mechanism, timeout_s)
+            return _apply_cgroup(limits, mechanism, timeout_s, parents, as_ids)
         except OSError:
             if limits.mechanism is not None:
                 raise
             # The host changed under us (e.g. cgroup fs remounted read-only): a step
             # with weaker limits beats a step that cannot run at all.
-    return Applied(RLIMIT, [], _rlimits(limits, timeout_s))
+    return Applied(RLIMIT, [], _rlimits(limits, timeout_s), as_ids=as_ids)
 
 
 async def reap_stale() -> int:
@@ -331,8 +431,14 @@ def _rlimits(limits: Limits, timeout_s: float) -> list[tuple[int, int, int]]:
     return out
 
 
-def _apply_cgroup(limits: Limits, mechanism: str, timeout_s: float) -> Applied:
-    bases = _base_dirs(mechanism)
+def _apply_cgroup(
+    limits: Limits,
+    mechanism: str,
+    timeout_s: float,
+    parents: dict[str, Path] | None = None,
+    as_ids: tuple[int, int] | None = None,
+) -> Applied:
+    bases = {**_base_dirs(mechanism), **(parents or {})}
     name = f"run-{os.getpid()}-{next(_counter)}"
     dirs: list[Path] = []
     rl: list[tuple[int, int, int]] = []
@@ -368,7 +474,7 @@ def _apply_cgroup(limits: Limits, mechanism: str, timeout_s: float) -> Applied:
     except OSError:
         Applied(mechanism, dirs, []).cleanup()
         raise
-    return Applied(mechanism, dirs, rl)
+    return Applied(mechanism, dirs, rl, as_ids=as_ids)
 
 
 def _quota(cpu: float) -> int:

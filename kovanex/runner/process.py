@@ -23,8 +23,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kovanex.runner.limits import CGROUP_V1, CGROUP_V2, RLIMIT, Applied, Limits, apply
-from kovanex.runner.logsink import DEFAULT_NODE_LOG_MAX_BYTES, LogSink
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.runner import units
+from kovanex.runner.limits import (
+    CGROUP_V1,
+    CGROUP_V2,
+    ENV,
+    RLIMIT,
+    ROOT_ENV,
+    Applied,
+    Limits,
+    apply,
+)
+from kovanex.runner.logsink import LogSink
+from kovanex.runner.units import Unit, hidden
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -153,10 +165,21 @@ class _Child:
 
 
 async def _spawn(
-    command: str, *, cwd: Path, env: dict[str, str], fd: int, applied: Applied, fast: bool
+    command: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    fd: int,
+    applied: Applied,
+    fast: bool,
+    hide: list[Path] | None = None,
 ) -> _Child | asyncio.subprocess.Process:
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
-    argv, preexec = applied.argv(command)
+    argv, preexec = applied.argv(command, env)
+    env = applied.spawn_env(env)
+    if hide:  # the namespace wrapper runs as the agent: it gets no byte of the step's env
+        argv = hidden(hide, [ENV, "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
+        env = dict(ROOT_ENV)
     if fast and _PIDFD:
 
         def start() -> tuple[subprocess.Popen[bytes], int]:
@@ -164,7 +187,7 @@ async def _spawn(
                 argv,
                 cwd=cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=applied.stdin(),
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -195,7 +218,7 @@ async def _spawn(
         *argv,
         cwd=cwd,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=applied.stdin(),
         stdout=fd,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
@@ -313,42 +336,54 @@ async def run_step(
     on_start: Callable[[int], None] | None = None,
     kill_grace_s: float = KILL_GRACE_S,
     fast_spawn: bool = True,
-    log_max_bytes: int = DEFAULT_NODE_LOG_MAX_BYTES,
+    unit: Unit | None = None,
+    hide: list[Path] | None = None,
+    log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
-    The child writes into a pipe that a relay thread (not the event loop, so a busy
-    loop never stalls a chatty step) copies into the file under `log_max_bytes`,
-    keeping head and tail (logsink.py); followers see output as the child flushes it. `timeout_s` may be math.inf (services).
+    The child writes into a pipe that a thread copies into the log file up to the
+    node's cap (logsink.py), so followers see output as soon as the child flushes
+    it, and a busy event loop can never stall a chatty step. `timeout_s` may be math.inf (services).
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
-    baseline.
+    baseline. With a compute `unit`, the step runs as the unit's uid inside the
+    unit's cgroup (see units.py). `hide`: dirs covered by an empty tmpfs in a mount
+    namespace, the isolation left without root (units.hidden).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    sink = LogSink(log_path, log_max_bytes)  # a pipe relayed under the node log cap
-    fd = sink.fd
+    sink = LogSink(log_path, log_max_bytes)  # the node log's own cap (logsink.py)
+    fd, start = sink.child_fd, sink.start
     try:
-        start = sink.written
-        applied = apply(limits, timeout_s=timeout_s)
+        applied = (
+            apply(limits, timeout_s=timeout_s)
+            if unit is None
+            else units.apply(unit, limits, timeout_s)
+        )
     except BaseException:
-        await sink.finish()
+        await sink.aclose()
         raise
     mechanism = applied.mechanism
     try:
-        proc = await _spawn(command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn)
+        proc = await _spawn(
+            command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn, hide=hide
+        )
+        applied.close_fds()
     except (OSError, subprocess.SubprocessError) as exc:
+        applied.close_fds()
         applied.cleanup()
+        await sink.aclose()
         reason = f"could not start step: {exc}"
-        await sink.finish()
         _append(log_path, reason)
         return StepOutcome(None, FAILED, time.monotonic() - t0, mechanism, reason)
     except BaseException:
+        applied.close_fds()
         applied.cleanup()
-        await asyncio.shield(sink.finish())
+        await asyncio.shield(sink.aclose())
         raise
     finally:
-        sink.started()
+        sink.close_child_end()
     pgid = proc.pid  # start_new_session: the leader's pid is the pgid
     waiter = asyncio.ensure_future(proc.wait())
     canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
@@ -360,7 +395,7 @@ async def run_step(
         done, _ = await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             await _terminate(proc, pgid, applied, kill_grace_s)
-            await sink.finish()
+            await sink.drain()
             result, reason = (
                 (KILLED, "step cancelled; process group killed")
                 if canceller is not None and canceller in done
@@ -371,7 +406,7 @@ async def run_step(
         rc = waiter.result()
         leftovers = _tree_alive(proc, pgid, applied)
         await _terminate(proc, pgid, applied, kill_grace_s)
-        await sink.finish()
+        await sink.drain()  # every byte in the file before we read its tail or append
         if _looks_oom(applied, limits, rc, log_path, start):
             assert limits is not None and limits.memory_mb is not None
             reason = f"step hit the memory limit of {limits.memory_mb} MiB ({mechanism})"
@@ -389,8 +424,6 @@ async def run_step(
         _signal_tree(pgid, applied, signal.SIGKILL)
         with contextlib.suppress(BaseException):
             await asyncio.shield(_wait_tree(proc, pgid, applied, time.monotonic() + 5.0))
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(sink.finish())
         raise
     finally:
         for t in (waiter, canceller):
@@ -399,3 +432,4 @@ async def run_step(
         if isinstance(proc, _Child):
             proc.close()
         await asyncio.shield(applied.close())
+        await asyncio.shield(sink.aclose())

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.core.backoff import Backoff
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import KILL_GRACE_S, KILLED, _append, run_step
+from kovanex.runner.units import Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,9 @@ async def supervise(
     on_start: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     kill_grace_s: float = KILL_GRACE_S,
+    unit: Unit | None = None,
+    hide: list[Path] | None = None,
+    log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
 ) -> ServiceOutcome:
     """Run `command` until `cancel` is set, restarting it whenever it exits.
 
@@ -65,6 +70,9 @@ async def supervise(
             cancel=cancel,
             on_start=on_start,
             kill_grace_s=kill_grace_s,
+            unit=unit,
+            hide=hide,
+            log_max_bytes=log_max_bytes,
         )
         mechanism, last_result = out.limit_mechanism, out.result
         if out.result == KILLED:

@@ -1,0 +1,25 @@
+"""Which SERVER member decides placement for a repo (ADR 0014).
+
+Rendezvous (highest-random-weight) hashing of the repo name over the alive servers:
+every node that sees the same members picks the same server without a vote, and when
+a server joins or leaves only the repos it wins or held move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def weight(repo: str, server: str) -> int:
+    """A stable 64-bit weight for the pair (blake2b: identical on every node and run)."""
+    h = hashlib.blake2b(f"{repo}\0{server}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "big")
+
+
+def placing_server(repo: str, servers: Iterable[str]) -> str | None:
+    """The server that places `repo`'s tasks, or None when no server is alive."""
+    names = sorted(set(servers))
+    if not names:
+        return None
+    return max(names, key=lambda s: (weight(repo, s), s))

@@ -1,0 +1,121 @@
+"""No task stuck in `placed`: the placement deadline and per-task node exclusions, pure.
+
+A lease is only useful once its holder starts the task. If the runner cannot (it has no
+cluster secret and gets 401 from the owner, it crashed before starting, it never heard of
+the assignment), the owner must take the task back under a new epoch and try elsewhere.
+The owner's shell feeds this module what it saw (when it first saw the lease, and any
+failure the runner reported over gossip) and the clock; it returns the requeue to write.
+
+Exclusions live in the task's own history (`Kovanex-Excluded: n3,n4` on the requeue
+commit), so they survive an agent restart and a change of owner. They last for the
+current generation: a new push (a user commit) starts afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from kovanex.core import task as taskcore
+from kovanex.core.scoring import NodeInfo
+
+EXCLUDED = "Excluded"  # extra-trailer key: Kovanex-Excluded
+REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """A runner's own report that it could not start a lease (e.g. fetch got 401)."""
+
+    node: str
+    epoch: int
+    reason: str
+    exclude: bool = True  # False for "no free slot right now": try it again later
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A lease the owner is waiting to see `running`: who holds it, since when (owner clock)."""
+
+    node: str
+    epoch: int
+    since: float
+
+
+def excluded(history: Iterable[taskcore.Transition | None]) -> frozenset[str]:
+    """Nodes excluded for this task in its current generation (history newest first, may
+    be lazy). Each requeue carries the whole set so far, so the newest one is enough."""
+    for tr in history:
+        if tr is None:
+            break  # a user commit: older exclusions belong to an earlier generation
+        if EXCLUDED in tr.extra:
+            return frozenset(parse_excluded(tr.extra[EXCLUDED]))
+    return frozenset()
+
+
+def candidates(nodes: Sequence[NodeInfo], names: frozenset[str]) -> list[NodeInfo]:
+    """The nodes placement may consider for this task: all but the excluded ones."""
+    return [n for n in nodes if n.name not in names]
+
+
+def parse_excluded(value: str) -> set[str]:
+    return {n.strip() for n in value.split(",") if n.strip()}
+
+
+def watch(view: taskcore.TaskView, current: Watch | None, now: float) -> Watch | None:
+    """Start (or keep) the clock for a placed lease; None once it runs or moves on."""
+    if view.state != taskcore.PLACED or not view.node:
+        return None
+    if current is not None and (current.node, current.epoch) == (view.node, view.epoch):
+        return current
+    return Watch(view.node, view.epoch, now)
+
+
+def decide(
+    view: taskcore.TaskView,
+    w: Watch | None,
+    now: float,
+    deadline: float,
+    failure: StartFailure | None,
+    already: frozenset[str],
+) -> taskcore.Transition | None:
+    """The requeue to write for an overdue or failed lease, or None to keep waiting.
+
+    A reported failure acts at once; silence acts at the deadline. Either way the holder
+    is added to the task's exclusions, so re-placement picks another node.
+    """
+    if view.state != taskcore.PLACED or not view.node:
+        return None
+    skip = True
+    if failure is not None and (failure.node, failure.epoch) == (view.node, view.epoch):
+        why = f"runner {view.node} {_short(failure.reason)}"
+        skip = failure.exclude
+    elif (
+        w is not None and (w.node, w.epoch) == (view.node, view.epoch) and now - w.since >= deadline
+    ):
+        why = f"runner {view.node} did not start the task within {deadline:g}s"
+    else:
+        return None
+    tr = taskcore.requeue(view, why)
+    names = already | {view.node} if skip else already
+    if not names:
+        return tr
+    return replace(tr, extra={**tr.extra, EXCLUDED: ",".join(sorted(names))})
+
+
+def due_at(w: Watch | None, deadline: float) -> float | None:
+    """When the shell should look again (owner clock), for a sleep with a purpose."""
+    return None if w is None else w.since + deadline
+
+
+def all_excluded_reason(names: frozenset[str], reason: str) -> str:
+    """Why nothing was placed when only excluded nodes could have taken the task."""
+    return (
+        f"every node that could run this task failed to start it ({', '.join(sorted(names))}); "
+        f"without them: {reason}; push again or add a node"
+    )
+
+
+def _short(reason: str) -> str:
+    one = " ".join(reason.split())
+    return one if len(one) <= REASON_MAX else one[: REASON_MAX - 1] + "…"

@@ -1,0 +1,197 @@
+"""A compute unit's own clone of a repo: filled, checked out and snapshotted as the unit.
+
+The clone is a plain repository (a real `.git` dir, no alternates, no link into the
+node dir), so git works inside a step with no access to the node. It is kept per
+unit and repo across tasks; each task brings only the objects the clone lacks.
+
+The agent runs as root but never runs git inside the clone, nor opens a file in it:
+a step owns that `.git` and could plant `core.fsmonitor`, hooks, filters or a
+symlink from `.git/index` to the node's secrets. Everything in the clone runs as the
+unit (setpriv), and objects cross the boundary only as pack streams over a pipe:
+node -> unit `pack-objects | index-pack` before a task, unit -> node
+`pack-objects | unpack-objects` for a snapshot. ADR 0010 has the reasoning.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from kovanex.runner.units import Unit
+from kovanex.runner.worktree import _GIT_CFG, WorktreeError
+
+# Config for git run as the unit: command-line level, so the clone's own config
+# (which a step may have edited) cannot turn on hooks, fsmonitor or filters.
+_UNIT_CFG = {
+    "core.hooksPath": "/dev/null",
+    "core.fsmonitor": "",
+    "core.excludesFile": "/dev/null",
+    "core.autocrlf": "false",
+    "core.safecrlf": "false",
+    "gc.auto": "0",
+    "protocol.allow": "never",
+}
+# Fill and check out; $1 = clone dir, $2 = commit, $3 = "fresh" to start over.
+# The config and hooks dir are rewritten each time, so a previous task's step
+# cannot leave a filter or hook behind for the next task in this unit.
+_PREPARE = r"""set -e
+d=$1; c=$2
+if [ "$3" = fresh ] || [ ! -d "$d/.git/objects" ]; then rm -rf "$d"; mkdir -p "$d"; git init -q "$d"; fi
+cd "$d"
+printf '[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n' > .git/config
+rm -rf .git/hooks .git/info .git/index.lock
+git index-pack --stdin --fix-thin >/dev/null
+git checkout -q --force --detach "$c"
+git clean -ffdxq
+"""
+_SNAPSHOT = "git add -A -- . && git write-tree"
+
+_have_lock = threading.Lock()
+_have: dict[tuple[str, str], str] = {}  # (clone dir, bare repo) -> commit the clone holds
+
+
+def clone_path(unit: Unit, repo: str) -> Path:
+    return unit.path / "src" / repo
+
+
+def _unit_env(unit: Unit) -> dict[str, str]:
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(unit.path),
+        "LANG": "C.UTF-8",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_COUNT": str(len(_UNIT_CFG)),
+    }
+    for i, (k, v) in enumerate(_UNIT_CFG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = k
+        env[f"GIT_CONFIG_VALUE_{i}"] = v
+    return env
+
+
+def _as_unit(unit: Unit, script: str, *args: str) -> list[str]:
+    return [*unit.drop_argv(), "/bin/sh", "-c", script, "kovanex-unit", *args]
+
+
+def _node_git(bare: Path, *args: str) -> list[str]:
+    return ["git", *_GIT_CFG, "--git-dir", str(bare), *args]
+
+
+def _node_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+
+def _pipe(
+    producer: list[str],
+    p_env: dict[str, str],
+    p_cwd: Path | None,
+    consumer: list[str],
+    c_env: dict[str, str],
+    c_cwd: Path | None,
+    revs: str,
+) -> tuple[int, int, str, str]:
+    """producer | consumer, with `revs` on the producer's stdin; returns rcs and outputs."""
+    prod = subprocess.Popen(
+        producer,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=p_env,
+        cwd=p_cwd,
+    )
+    cons = subprocess.Popen(
+        consumer,
+        stdin=prod.stdout,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=c_env,
+        cwd=c_cwd,
+    )
+    assert prod.stdout is not None and prod.stdin is not None
+    prod.stdout.close()
+    prod.stdin.write(revs.encode())
+    prod.stdin.close()
+    c_out, c_err = cons.communicate()
+    p_err = prod.stderr.read() if prod.stderr else b""
+    prod.wait()
+    if prod.stderr:
+        prod.stderr.close()
+    return (
+        prod.returncode,
+        cons.returncode,
+        c_out.decode(errors="replace"),
+        (p_err + c_err).decode(errors="replace"),
+    )
+
+
+def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
+    """Check `commit` out in the unit's clone of `repo`; the tree is exactly `commit`'s."""
+    bare = bare.absolute()
+    dest = clone_path(unit, repo)
+    key = (str(dest), str(bare))
+    with _have_lock:
+        have = _have.pop(key, None)
+    for fresh in (False, True) if have else (True,):
+        revs = f"{commit}\n" + ("" if fresh or not have else f"^{have}\n")
+        p_rc, c_rc, _, err = _pipe(
+            _node_git(bare, "pack-objects", "--revs", "--thin", "--stdout", "-q"),
+            _node_env(),
+            None,
+            _as_unit(unit, _PREPARE, str(dest), commit, "fresh" if fresh else "reuse"),
+            _unit_env(unit),
+            unit.path,
+            revs,
+        )
+        if p_rc == 0 and c_rc == 0:
+            with _have_lock:
+                _have[key] = commit
+            return dest
+    raise WorktreeError(f"prepare unit clone {dest} at {commit}: {err.strip()}")
+
+
+def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
+    """Tree of what the step left in its clone (add -A as the unit), copied into `bare`.
+
+    Only objects not reachable from `base` (the commit the step started from) cross.
+    """
+    p = subprocess.run(
+        _as_unit(unit, _SNAPSHOT),
+        cwd=clone,
+        env=_unit_env(unit),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    tree = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    if p.returncode != 0 or len(tree) not in (40, 64):
+        raise WorktreeError(
+            f"snapshot {clone}: git add/write-tree as {unit.user}: {p.stderr.strip()}"
+        )
+    p_rc, c_rc, _, err = _pipe(
+        _as_unit(unit, "exec git pack-objects --revs --stdout -q"),
+        _unit_env(unit),
+        clone,
+        _node_git(bare.absolute(), "unpack-objects", "-q", "--strict"),
+        _node_env(),
+        None,
+        f"{tree}\n^{base}\n",
+    )
+    if p_rc != 0 or c_rc != 0:
+        raise WorktreeError(f"snapshot {clone}: copying objects into {bare}: {err.strip()}")
+    check = subprocess.run(
+        _node_git(bare.absolute(), "cat-file", "-t", tree),
+        env=_node_env(),
+        capture_output=True,
+        text=True,
+    )
+    if check.stdout.strip() != "tree":
+        raise WorktreeError(f"snapshot {clone}: {tree} is not a tree in {bare}")
+    return tree
+
+
+def forget(unit: Unit, repo: str, bare: Path) -> None:
+    """After a failed step the clone is reset on the next prepare anyway; keep the cache honest."""
+    with _have_lock:
+        _have.pop((str(clone_path(unit, repo)), str(bare.absolute())), None)

@@ -1,0 +1,451 @@
+"""Compute units: a runner slot made into a Linux user, a cgroup and a private path.
+
+A step that runs as the agent's own user can read everything the agent can: the
+cluster secret, every repo, every other task's worktree. A unit is the boundary:
+its uid owns nothing but its own work path (0700, outside the node directory), its
+cgroup is the parent of every step cgroup it runs, and the node directory is 0700
+and owned by the agent. See docs/decisions/0010-compute-units.md.
+
+Modes: `users` (system users `kx-<node>-<n>`, made by `kovanex init`), `uids`
+(bare uids from `uid_base`, no /etc/passwd entry), `namespace` (no root: steps run
+as the agent with the node's secrets hidden by a mount namespace, see hidden()),
+`none` (steps run as the agent; said so loudly, once, at start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kovanex.config import ConfigError
+from kovanex.runner import limits as limitsmod
+
+if TYPE_CHECKING:
+    from kovanex.config import NodeConfig
+
+_log = logging.getLogger("kovanex.units")
+USERS, UIDS, NAMESPACE, NONE = "users", "uids", "namespace", "none"
+MODES = (USERS, UIDS, NAMESPACE, NONE)
+# Without root: a user+mount namespace mounts an empty tmpfs over each hidden dir, then
+# a nested user+mount namespace runs the step, so those mounts are locked (the step,
+# root only inside its namespace, cannot unmount them to see underneath).
+# $1 = how many dirs follow; after them, the step's argv.
+_UNSHARE = shutil.which("unshare", path=limitsmod._SYS_PATH) or "/usr/bin/unshare"
+_MOUNT = shutil.which("mount", path=limitsmod._SYS_PATH) or "/usr/bin/mount"
+_HIDE = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    f'if [ -d "$1" ]; then {_MOUNT} -t tmpfs -o size=4k,mode=000 kovanex-hidden "$1" || exit 126; '
+    f'else {_MOUNT} --bind /dev/null "$1" || exit 126; fi; shift; n=$((n-1)); '
+    f'done; exec {_UNSHARE} --user --map-root-user --mount -- "$@"'
+)
+_NS = [_UNSHARE, "--user", "--map-root-user", "--mount", "--"]
+DEFAULT_ROOT = "/var/lib/kovanex/units"
+DEFAULT_UID_BASE = 61000
+USER_NAME_MAX = 32  # useradd's limit on Linux
+_NAME_OK = re.compile(r"^[a-z_][a-z0-9_-]*$")
+SETPRIV = limitsmod.SETPRIV
+
+
+class UnitError(ConfigError):
+    """Units could not be set up; the message says what to do next (the CLI prints it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One compute unit. `cgroups` maps a controller ("memory", "cpu") to its dir."""
+
+    index: int
+    user: str
+    uid: int
+    gid: int
+    path: Path
+    cgroups: tuple[tuple[str, Path], ...] = ()
+
+    def cgroup_dirs(self) -> dict[str, Path]:
+        return dict(self.cgroups)
+
+    def drop_argv(self) -> list[str]:
+        """Prefix that execs the rest as this unit: no groups, no new privileges.
+
+        For git runs in the unit's clone (unitrepo.py); steps are spawned through
+        limits.Applied, which also joins the unit's cgroup. Exec it with a root-safe
+        env (limits.ROOT_ENV): setpriv itself runs as root.
+        """
+        return [
+            SETPRIV,
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
+
+
+def user_name(node: str, index: int) -> str:
+    """`kx-<node>-<n>`, made safe for useradd and cut to 32 chars with a hash if needed.
+
+    The hash keeps two long node names that share a prefix from sharing users.
+    """
+    base = node.lower()
+    name = f"kx-{base}-{index}"
+    if _NAME_OK.match(name) and len(name) <= USER_NAME_MAX and base == node:
+        return name
+    digest = hashlib.sha1(node.encode()).hexdigest()[:6]
+    safe = re.sub(r"[^a-z0-9_-]", "-", base)
+    room = USER_NAME_MAX - len(f"kx--{digest}-{index}")
+    return f"kx-{safe[:room].rstrip('-')}-{digest}-{index}"
+
+
+def root_for(node: str, configured: str | None) -> Path:
+    """Where unit paths live: configured, else /var/lib/kovanex/units/<node>."""
+    return Path(configured) if configured else Path(DEFAULT_ROOT) / node
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _cgroup_dirs(
+    node: str, index: int, create: bool, ids: tuple[int, int] | None = None
+) -> tuple[tuple[str, Path], ...]:
+    """`kovanex/<node>/unit-<n>` in each cgroup hierarchy limits.py uses (none: rlimit host)."""
+    mechanism = limitsmod.detect()
+    if mechanism not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2):
+        return ()
+    found: list[tuple[str, Path]] = []
+    for ctrl, base in limitsmod._base_dirs(mechanism).items():
+        d = base / node / f"unit-{index}"
+        if create:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                if mechanism == limitsmod.CGROUP_V2:
+                    wanted = (base / "cgroup.subtree_control").read_text().strip()
+                    limitsmod._write(base / node / "cgroup.subtree_control", wanted)
+                    limitsmod._write(d / "cgroup.subtree_control", wanted)
+            except OSError as e:
+                raise UnitError(f"cannot create cgroup {d}: {e}; run as root") from e
+        if create and ids is not None and mechanism == limitsmod.CGROUP_V1:
+            # Delegate joining (cgroup.procs) to the unit, never its limit files: the
+            # step's shell joins its own unit cgroup and can reach no other (limits.py).
+            with contextlib.suppress(OSError):
+                os.chown(d / "cgroup.procs", *ids)
+        if d.is_dir():
+            found.append((ctrl, d))
+    return tuple(found)
+
+
+def _ensure_user(name: str) -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(name)
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        pass
+    cmd = [
+        "useradd",
+        "--system",
+        "--no-create-home",
+        "--user-group",
+        "--home-dir",
+        "/nonexistent",
+        "--shell",
+        "/usr/sbin/nologin",
+        name,
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 and p.returncode != 9:  # 9: it exists (a racing init)
+        raise UnitError(
+            f"useradd {name} failed: {p.stderr.strip()}; "
+            'run `kovanex init` as root, or set [units] mode = "uids"'
+        )
+    pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _ensure_path(path: Path, uid: int, gid: int) -> None:
+    """The unit's own path: 0700, owned by the unit; never follow a planted symlink."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)  # traversable, listable only to find one's own dir
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise UnitError(f"unit path {path} is not a directory; remove it and rerun init")
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.lchown(path, uid, gid)
+    os.chmod(path, 0o700)
+
+
+def units_for(
+    node: str,
+    count: int,
+    *,
+    mode: str,
+    root: str | None,
+    uid_base: int = DEFAULT_UID_BASE,
+    create: bool = False,
+) -> list[Unit]:
+    """The node's units; with create=True make users, paths and cgroups (idempotent).
+
+    Without create, a unit whose user does not exist raises, naming the fix.
+    """
+    if mode in (NONE, NAMESPACE) or count <= 0:
+        return []
+    if mode not in MODES:
+        raise UnitError(f"[units] mode {mode!r} must be one of {', '.join(MODES)}")
+    if create and not is_root():
+        raise UnitError(
+            f'[units] mode {mode!r} needs root; run the agent as root or set mode = "none"'
+        )
+    base = root_for(node, root)
+    out: list[Unit] = []
+    for n in range(count):
+        if mode == USERS:
+            name = user_name(node, n)
+            if create:
+                uid, gid = _ensure_user(name)
+            else:
+                try:
+                    pw = pwd.getpwnam(name)
+                except KeyError as e:
+                    raise UnitError(
+                        f"unit user {name} does not exist; run `kovanex init` again as root"
+                    ) from e
+                uid, gid = pw.pw_uid, pw.pw_gid
+        else:
+            uid = gid = uid_base + n
+            name = f"uid-{uid}"
+        path = base / f"unit-{n}"
+        if create:
+            _ensure_path(path, uid, gid)
+        out.append(Unit(n, name, uid, gid, path, _cgroup_dirs(node, n, create, (uid, gid))))
+    return out
+
+
+def secure_node_dir(root: Path) -> None:
+    """The node dir (secrets, repos, logs, work) is 0700 and the agent's own."""
+    uid, gid = os.geteuid(), os.getegid()
+    for d in (root, root / "secrets"):
+        if d.is_dir():
+            if os.lstat(d).st_uid != uid:
+                os.chown(d, uid, gid)
+            os.chmod(d, 0o700)
+
+
+def isolation(mode: str) -> str:
+    """A one-line description of how steps are isolated, for status and the agent log."""
+    if mode == USERS:
+        return "units: one Linux user, cgroup and private path per runner slot"
+    if mode == UIDS:
+        return "units: one bare uid, cgroup and private path per runner slot"
+    if mode == NAMESPACE:
+        return (
+            "namespace: steps run as the agent's user with the node's secrets, run and "
+            "logs dirs hidden by a mount namespace (repos and work stay visible)"
+        )
+    return "NONE: steps run as the agent's user and can read the node's secrets"
+
+
+def limits_of(unit: Unit) -> str:
+    """The unit cgroup's own memory and CPU caps, as `kovanex units` shows them."""
+    parts = []
+    for ctrl, d in unit.cgroups:
+        try:
+            if ctrl == "memory":
+                b = int((d / "memory.limit_in_bytes").read_text())
+                parts.append("mem=max" if b >= 1 << 60 else f"mem={b >> 20}MiB")
+            elif ctrl == "cpu":
+                q = int((d / "cpu.cfs_quota_us").read_text())
+                parts.append("cpu=max" if q < 0 else f"cpu={q / limitsmod.CPU_PERIOD_US:g}")
+            elif ctrl == "unified":
+                parts.append(f"mem={(d / 'memory.max').read_text().strip()}")
+        except (OSError, ValueError):
+            continue
+    return ",".join(parts) or "-"
+
+
+def pids(unit: Unit) -> set[int]:
+    """Every process in the unit's cgroups (its step cgroups included)."""
+    found: set[int] = set()
+    for _, d in unit.cgroups:
+        for procs in d.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(x) for x in procs.read_text().split()}
+    return found
+
+
+def reset(unit: Unit) -> int:
+    """Kill whatever a dead agent's steps left in the unit; returns how many were signalled."""
+    found = pids(unit)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for _, d in unit.cgroups:  # step cgroups of a dead agent (limits.reap_stale skips these)
+        for sub in d.glob("run-*"):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+    return len(found)
+
+
+def remove(units: list[Unit], *, delete_users: bool) -> None:
+    """Undo units_for(create=True): for tests and `kovanex units --remove` style cleanup."""
+    for u in units:
+        reset(u)
+        for _, d in u.cgroups:
+            for sub in sorted(d.glob("run-*"), reverse=True):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()
+        shutil.rmtree(u.path, ignore_errors=True)
+        if delete_users and u.user.startswith("kx-"):
+            subprocess.run(["userdel", u.user], capture_output=True)
+
+
+def node_units(cfg: NodeConfig, *, create: bool = False) -> list[Unit]:
+    """The units of a node's runner slots, per its [units] config."""
+    count = cfg.runner_slots if cfg.role in ("full", "runner") else 0
+    return units_for(
+        cfg.name,
+        count,
+        mode=cfg.units_mode,
+        root=cfg.units_root or None,
+        uid_base=cfg.units_uid_base,
+        create=create,
+    )
+
+
+def setup_node(data: Path, cfg: NodeConfig) -> list[Unit]:
+    """`kovanex init`: node dir 0700, then users, paths and cgroups (reused if present)."""
+    secure_node_dir(data)
+    return node_units(cfg, create=True)
+
+
+def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
+    """At agent start: the node's units (made if missing, leftovers killed) and the
+    isolation line for status; says once, loudly, when steps are not isolated."""
+    units = node_units(cfg, create=True)
+    for u in units:
+        if n := reset(u):
+            _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
+    if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
+        return [], "no runner slots: this node runs no steps"
+    if cfg.units_mode == NAMESPACE and namespace_works():
+        _log.warning("steps are only partly isolated: %s", isolation(NAMESPACE))
+        return [], isolation(NAMESPACE)
+    line = isolation(cfg.units_mode if units else NONE)
+    if not units:
+        _log.warning("steps are NOT isolated: %s; run `kovanex init` as root to get units", line)
+    else:
+        _log.info("isolation: %s (%d units)", line, len(units))
+    return units, line
+
+
+def hidden(dirs: list[Path], argv: list[str]) -> list[str]:
+    """`argv` run with each of `dirs` covered by an empty, locked tmpfs (a file: by
+    /dev/null), needing no root."""
+    if not dirs:
+        return argv
+    return [*_NS, "/bin/sh", "-c", _HIDE, "kovanex-hide", str(len(dirs)), *map(str, dirs), *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_works() -> bool:
+    """Can this user make the namespaces `hidden` needs? Probed once by doing it."""
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run(hidden([Path(d)], ["true"]), capture_output=True, timeout=10)
+        return p.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def default_mode() -> str:
+    """What `kovanex init` picks: users as root, else a namespace if the host allows it."""
+    if is_root():
+        return USERS
+    return NAMESPACE if namespace_works() else NONE
+
+
+def apply(unit: Unit, limits: limitsmod.Limits | None, timeout_s: float) -> limitsmod.Applied:
+    """A step's limits and privilege drop for `unit` (see _apply_unit, limits.apply)."""
+    parents, ids = unit.cgroup_dirs(), (unit.uid, unit.gid)
+    forced = limits.mechanism if limits is not None else None
+    v1 = limitsmod.detect() == limitsmod.CGROUP_V1 and forced in (None, limitsmod.CGROUP_V1)
+    if parents and v1 and _delegated(parents, ids):
+        try:
+            return _apply_unit(limits or limitsmod.Limits(), parents, ids, timeout_s)
+        except OSError:  # e.g. EBUSY lowering a limit: fall back to a run cgroup below it
+            if limits is not None and limits.mechanism is not None:
+                raise
+    return limitsmod.apply(limits, timeout_s=timeout_s, parents=parents, as_ids=ids)
+
+
+def _delegated(parents: dict[str, Path], as_ids: tuple[int, int]) -> bool:
+    try:
+        return all(os.stat(d / "cgroup.procs").st_uid == as_ids[0] for d in parents.values())
+    except OSError:
+        return False
+
+
+_unit_values: dict[Path, str] = {}  # limit file -> value we last wrote (skip rewrites)
+
+
+def _set(path: Path, value: str) -> None:
+    if _unit_values.get(path) != value:
+        _unit_values.pop(path, None)
+        limitsmod._write(path, value)
+        _unit_values[path] = value
+
+
+def _apply_unit(
+    limits: limitsmod.Limits, parents: dict[str, Path], as_ids: tuple[int, int], timeout_s: float
+) -> limitsmod.Applied:
+    """cgroup v1, compute unit: the step's limits go on the unit's own cgroup.
+
+    A unit runs one step at a time, so its cgroup can carry that step's limits: no
+    run cgroup to make and remove, and since the unit owns its cgroup.procs
+    (delegated, as systemd does for user slices) the step's shell joins by itself
+    after setpriv, with no root wrapper shell. The unit can write no other
+    cgroup.procs, so it has nowhere to escape to; the limit files stay root's.
+    """
+    if limits.memory_mb is not None and "memory" not in parents:
+        raise OSError("unit has no memory cgroup")
+    mem, cpu = parents.get("memory"), parents.get("cpu")
+    oom_base = 0
+    if mem is not None:
+        value = str(limits.memory_mb << 20) if limits.memory_mb is not None else "-1"
+        try:  # memsw >= mem at every moment: lower mem first, raise memsw first
+            _set(mem / "memory.limit_in_bytes", value)
+            with contextlib.suppress(FileNotFoundError):
+                _set(mem / "memory.memsw.limit_in_bytes", value)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                _set(mem / "memory.memsw.limit_in_bytes", value)
+            _set(mem / "memory.limit_in_bytes", value)
+        oom_base = limitsmod.Applied(limitsmod.CGROUP_V1, [mem], []).oom_kills()
+    rl: list[tuple[int, int, int]] = []
+    if cpu is not None:
+        _set(cpu / "cpu.cfs_period_us", str(limitsmod.CPU_PERIOD_US))
+        _set(cpu / "cpu.cfs_quota_us", str(limitsmod._quota(limits.cpu)) if limits.cpu else "-1")
+    elif limits.cpu is not None:
+        rl = limitsmod._rlimits(limitsmod.Limits(cpu=limits.cpu), timeout_s)
+    limited = limits.memory_mb is not None or (limits.cpu is not None and cpu is not None)
+    mechanism = limitsmod.CGROUP_V1 if limited else (limitsmod.RLIMIT if rl else limitsmod.NONE)
+    dirs = [d for d in (mem, cpu) if d is not None]
+    return limitsmod.Applied(
+        mechanism, dirs, rl, as_ids=as_ids, keep=True, delegated=True, oom_base=oom_base
+    )

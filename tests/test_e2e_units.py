@@ -1,0 +1,146 @@
+"""Issue 9 part 1 end to end: a pushed task's step, run by a real agent in its compute
+unit, cannot read the node's secret, find it, list another task's checkout or another
+unit's path, or signal the agent. Each assertion says which boundary held."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+from pathlib import Path
+
+import pytest
+
+from kovanex.runner import units as unitsmod
+from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="compute units need root (useradd, setuid); CI runs as root"
+)
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = Node(tmp_path, "u1", "--runners", "2")
+    n.start()
+    yield n
+    n.stop()
+
+
+def _results(path: Path) -> dict[str, tuple[int, str]]:
+    out: dict[str, tuple[int, str]] = {}
+    for block in path.read_text().split("@@ ")[1:]:
+        head, _, body = block.partition("\n")
+        name, rc = head.split()
+        out[name] = (int(rc), body)
+    return out
+
+
+@needs_root
+def test_a_step_cannot_reach_the_node_or_another_unit(node: Node, tmp_path: Path) -> None:
+    token_path = node.data / "secrets" / "cluster.token"
+    token = token_path.read_text().strip()
+    agent_pid = int((node.data / "run" / "agent.pid").read_text())
+    units = json.loads(node.kx("units", "--format", "json").stdout)["units"]
+    assert [u["user"] for u in units] == ["kx-u1-0", "kx-u1-1"]
+    xd = exchange_dir()
+    gate, holding, res = xd / "gate", xd / "holding", xd / "results"
+    # Task 1 holds unit 0 with a file in its checkout until the probe is done.
+    hold = f"""
+[[steps]]
+name = "hold"
+run = "echo mine > private.txt && echo $$ > {holding}.pid && touch {holding} && while [ ! -e {gate} ]; do sleep 0.05; done"
+timeout_s = 60
+"""
+    clone = clone_with_task(node, "demo", tmp_path / "c", "hold-1", hold)
+    git("push", "-q", "origin", "task/hold-1", cwd=clone)
+    wait_for(holding.exists, 30, "task hold-1 to start in unit 0")
+    other_checkout = Path(units[0]["path"]) / "src" / "demo"
+    busy = json.loads(node.kx("units", "--format", "json").stdout)["units"]
+    assert [u["task"] for u in busy] == ["demo/hold-1", "-"], busy
+    status = node.kx("status").stdout
+    assert "isolation units: one Linux user, cgroup and private path" in status, status
+    probes = {
+        "token": f"cat {token_path}",
+        "find": "find / -name cluster.token 2>/dev/null | xargs -r cat",
+        "worktree": f"ls {other_checkout} && cat {other_checkout}/private.txt",
+        "unitpath": f"ls {units[0]['path']}",
+        "nodework": f"ls {node.data}/work {node.data}/repos",
+        "signal": f"kill -0 {agent_pid}",
+        "sibling": f"kill -0 $(cat {holding}.pid)",
+        "whoami": "id -u && echo $HOME && echo $KOVANEX_WORKTREE",
+    }
+    script = " ; ".join(
+        f'out=$({cmd} 2>&1); echo "@@ {name} $?" >> {res}; echo "$out" >> {res}'
+        for name, cmd in probes.items()
+    )
+    probe = f"""
+[[steps]]
+name = "probe"
+run = '''{script}'''
+timeout_s = 120
+"""
+    clone_with_task(node, "demo", clone, "probe-1", probe)
+    git("push", "-q", "origin", "task/probe-1", cwd=clone)
+    wait_for(lambda: node.show("probe-1")["state"] == "succeeded", 150, "probe-1 to finish")
+    gate.touch()
+    wait_for(lambda: node.show("hold-1")["state"] == "succeeded", 30, "hold-1 to finish")
+    r = _results(res)
+    unit1 = pwd.getpwnam("kx-u1-1")
+    rc, who = r["whoami"]
+    assert who.split()[0] == str(unit1.pw_uid), f"the step must run as unit 1's user: {who}"
+    assert str(node.data) not in who, f"the step env must not name the node dir: {who}"
+    assert stat.S_IMODE(os.stat(node.data).st_mode) == 0o700
+    rc, out = r["token"]
+    assert rc != 0 and token not in out, f"node dir 0700 (uid boundary) must stop cat: {out}"
+    rc, out = r["find"]
+    assert token not in out and str(token_path) not in out, (
+        f"find / must not see the node's secret: path perms (0700 node dir) failed: {out}"
+    )
+    rc, out = r["worktree"]
+    assert rc != 0 and "mine" not in out, (
+        f"another task's checkout sits in unit 0's 0700 path; the uid boundary failed: {out}"
+    )
+    rc, out = r["unitpath"]
+    assert rc != 0 and "Permission denied" in out, f"unit 0's path (0700) was listable: {out}"
+    rc, out = r["nodework"]
+    assert rc != 0 and "Permission denied" in out, f"node work/repos were listable: {out}"
+    rc, out = r["signal"]
+    assert rc != 0 and "not permitted" in out, (
+        f"kill -0 on the agent must fail: a unit uid cannot signal root: {out}"
+    )
+    rc, out = r["sibling"]
+    assert rc != 0 and "not permitted" in out, (
+        f"kill -0 on unit 0's step must fail: different unit uids: {out}"
+    )
+    # The branch holds only what the step may see: no secret in its commits or logs.
+    git("fetch", "-q", "origin", "task/probe-1", cwd=clone)
+    assert git("grep", "-q", token, "FETCH_HEAD", cwd=clone, check=False).returncode != 0
+
+
+@pytest.mark.skipif(not unitsmod.namespace_works(), reason="no user+mount namespaces here")
+def test_namespace_mode_hides_the_secret_from_a_pushed_step(tmp_path: Path) -> None:
+    """The no-root fallback, through a real agent: the node's secrets dir is an empty
+    locked tmpfs in the step's mount namespace."""
+    node = Node(tmp_path, "ns1", "--units", "namespace").start()
+    try:
+        token_path = node.data / "secrets" / "cluster.token"
+        token = token_path.read_text().strip()
+        assert "isolation namespace:" in node.kx("status").stdout
+        res = exchange_dir() / "out"
+        spec = f"""
+[[steps]]
+name = "probe"
+run = "cat {token_path} > {res} 2>&1; find / -name cluster.token 2>/dev/null | xargs -r cat >> {res}; umount {token_path.parent} >> {res} 2>&1; echo end >> {res}"
+timeout_s = 120
+"""
+        clone = clone_with_task(node, "demo", tmp_path / "c", "ns-1", spec)
+        git("push", "-q", "origin", "task/ns-1", cwd=clone)
+        wait_for(lambda: node.show("ns-1")["state"] == "succeeded", 150, "ns-1 to finish")
+        out = res.read_text()
+        assert "end" in out, out
+        assert token not in out, f"the mount namespace (tmpfs over secrets/) did not hide it: {out}"
+        assert token_path.read_text().strip() == token
+    finally:
+        node.stop()
