@@ -232,8 +232,15 @@ def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = No
         try:
             spec_prio = specmod.load_spec(data, SPEC_PATH).priority
         except specmod.SpecError as e:
-            tr = taskcore.mark_unschedulable(view, f"invalid spec: {e}")
-            _append(ledger, task_id, view, tr)
+            # Only a spec that skipped pre-receive gets here (replication, fetch, update-ref).
+            # `submitted` may only move to `queued`, so queue it first, then record why it
+            # cannot run; going straight to unschedulable raised and left it submitted.
+            who = pushed_by(ledger, task_id, view.tip)
+            _append(ledger, task_id, view, taskcore.queue(view, priority or 50, who))
+            view = ledger.read(task_id)
+            if view.state != taskcore.QUEUED:
+                return view.state
+            _append(ledger, task_id, view, taskcore.mark_unschedulable(view, f"invalid spec: {e}"))
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
     tr = taskcore.queue(view, prio, pushed_by(ledger, task_id, view.tip))
