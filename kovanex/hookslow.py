@@ -40,7 +40,7 @@ def run(
             print(m, file=sys.stderr)
         return 0 if verdict.ok else 1
     ledger = TaskLedger(Pygit2Store(git_dir), node=node)
-    for task_id, what in record_push(ledger, updates, options):
+    for task_id, what in record_push(ledger, updates, options, limits):
         print(
             f"kovanex: task {task_id} {what}; the agent is not running, so it starts when "
             f"the agent does: kovanex agent --data {data_dir}",

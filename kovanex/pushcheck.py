@@ -191,7 +191,10 @@ def _check_epoch(
 
 
 def record_push(
-    ledger: TaskLedger, updates: list[RefUpdate], options: PushOptions
+    ledger: TaskLedger,
+    updates: list[RefUpdate],
+    options: PushOptions,
+    limits: InputLimits = DEFAULT_LIMITS,
 ) -> list[tuple[str, str]]:
     """After the refs moved: queue each new submission, or mark it skipped (in git).
 
@@ -211,7 +214,7 @@ def record_push(
                 pass
             out.append((task_id, "skipped (push option skip); not scheduled"))
             continue
-        out.append((task_id, queue_submission(ledger, task_id, options.priority)))
+        out.append((task_id, queue_submission(ledger, task_id, options.priority, limits)))
     return out
 
 
@@ -219,8 +222,15 @@ def is_skipped(ledger: TaskLedger, task_id: str, tip: str) -> bool:
     return ledger.store.get_ref(SKIP_PREFIX + task_id) == tip
 
 
-def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = None) -> str:
-    """Write the `queued` transition on top of a user's push (CAS; losers just re-read)."""
+def queue_submission(
+    ledger: TaskLedger,
+    task_id: str,
+    priority: int | None = None,
+    limits: InputLimits = DEFAULT_LIMITS,
+) -> str:
+    """Write the `queued` transition on top of a user's push (CAS; losers just re-read).
+
+    `limits` are the node's own, as at pre-receive: what the hook accepted is queued."""
     view = ledger.read(task_id)
     if view.state != "submitted":
         return view.state
@@ -230,10 +240,17 @@ def queue_submission(ledger: TaskLedger, task_id: str, priority: int | None = No
     data = ledger.spec_bytes(task_id)
     if data is not None:
         try:
-            spec_prio = specmod.load_spec(data, SPEC_PATH).priority
+            spec_prio = specmod.load_spec(data, SPEC_PATH, limits).priority
         except specmod.SpecError as e:
-            tr = taskcore.mark_unschedulable(view, f"invalid spec: {e}")
-            _append(ledger, task_id, view, tr)
+            # Only a spec that skipped pre-receive gets here (replication, fetch, update-ref).
+            # `submitted` may only move to `queued`, so queue it first, then record why it
+            # cannot run; going straight to unschedulable raised and left it submitted.
+            who = pushed_by(ledger, task_id, view.tip)
+            _append(ledger, task_id, view, taskcore.queue(view, priority or 50, who))
+            view = ledger.read(task_id)
+            if view.state != taskcore.QUEUED:
+                return view.state
+            _append(ledger, task_id, view, taskcore.mark_unschedulable(view, f"invalid spec: {e}"))
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
     tr = taskcore.queue(view, prio, pushed_by(ledger, task_id, view.tip))

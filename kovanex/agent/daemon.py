@@ -386,7 +386,7 @@ class Agent(ControlOps, Failover):
                     )
                 if is_skipped(ledger, task_id, view.tip):
                     return
-                queue_submission(ledger, task_id, opts.priority if opts else None)
+                queue_submission(ledger, task_id, opts.priority if opts else None, self.cfg.limits)
                 view = ledger.read(task_id)
                 self.tips[key] = view.tip
             if view.state in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
@@ -442,7 +442,9 @@ class Agent(ControlOps, Failover):
             if asked is not None and asked[0] != view.tip:
                 return  # it moved while the server decided; that move kicks another pass
             try:
-                spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
+                spec = specmod.load_spec(
+                    ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH, self.cfg.limits
+                )
             except specmod.SpecError as e:
                 self._unschedulable(ledger, view, f"invalid spec: {e}")
                 self.pending.pop(key, None)

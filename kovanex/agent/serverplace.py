@@ -68,7 +68,9 @@ class ServerPlacement:
         if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
             return None
         try:
-            spec = specmod.load_spec(ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH)
+            spec = specmod.load_spec(
+                ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH, self.agent.cfg.limits
+            )
         except specmod.SpecError:
             return None  # the scheduler marks it unschedulable with the spec's error
         d = await self.decide(repo, task_id, spec)
