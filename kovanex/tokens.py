@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -25,6 +26,7 @@ from typing import Any
 SCOPES = ("read", "push", "admin")  # nested: admin ⊃ push ⊃ read
 PREFIX = "kxu_"  # recognisable: a secret scanner (or a human) can tell it from anything else
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@._-]{0,62}$")
+log = logging.getLogger("kovanex.tokens")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -118,11 +120,20 @@ class TokenBook:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
+        recs: dict[str, TokenRecord] = {}
         try:
-            doc = json.loads(self.path.read_text() or "{}")
-            recs = {r.name: r for r in map(TokenRecord.from_dict, doc.get("tokens", []))}
-        except (ValueError, KeyError, TypeError) as e:
-            raise TokenError(f"{self.path} is damaged ({e}); restore it from another node") from e
+            entries = json.loads(self.path.read_text() or "{}").get("tokens", [])
+        except (ValueError, AttributeError) as e:  # fail closed: no user token passes
+            log.error("%s is damaged (%s); no user token is accepted until it is restored "
+                      "(copy it from another node)", self.path, e)  # fmt: skip
+            entries = []
+        for raw in entries:
+            try:
+                rec = TokenRecord.from_dict(raw)
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("%s: skipped a bad token record (%s); it grants nothing", self.path, e)
+                continue
+            recs[rec.name] = rec
         self._set(recs, stamp)
 
     def _set(self, recs: dict[str, TokenRecord], stamp: tuple[int, int] | None) -> None:

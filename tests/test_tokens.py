@@ -56,6 +56,19 @@ def test_revoked_and_expired_tokens_are_refused_by_name_without_the_secret(tmp_p
         book.verify(t3)
 
 
+def test_a_damaged_record_grants_nothing_and_the_rest_still_work(tmp_path: Path) -> None:
+    book = TokenBook(tmp_path / "tokens.json")
+    _, good = book.create("good", "read")
+    doc = json.loads((tmp_path / "tokens.json").read_text())
+    doc["tokens"].append({"name": "bad", "scope": "root", "digest": "x"})
+    (tmp_path / "tokens.json").write_text(json.dumps(doc))
+    assert book.verify(good).name == "good"
+    assert [r.name for r in book.records()] == ["good"]
+    (tmp_path / "tokens.json").write_text("{not json")
+    with pytest.raises(Refused, match="unknown token"):  # fails closed
+        book.verify(good)
+
+
 def test_revocation_wins_when_two_views_of_a_record_meet() -> None:
     a = TokenRecord("x", "push", "d1", created=10.0)
     r = TokenRecord("x", "push", "d1", created=10.0, revoked=20.0)

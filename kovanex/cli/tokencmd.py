@@ -155,5 +155,12 @@ def setup_local_access(layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, git_config
     helper = f"!{sys.executable} -m kovanex --data {layout.root} credential"
     if not git_config:
         return f"git access: git config --global {key} '{helper}'"
-    subprocess.run(["git", "config", "--global", "--replace-all", key, helper], check=True)
+    done = subprocess.run(
+        ["git", "config", "--global", "--replace-all", key, helper], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return (
+            f"warning: could not write your global git config ({done.stderr.strip()}); "
+            f"to give git your admin token, run: git config --global {key} '{helper}'"
+        )
     return f"git over HTTP to this node uses your admin token ({key})"
