@@ -70,7 +70,6 @@ def single_node(tmp: Path) -> None:
     kx("agent", "--detach", data=n1)
     say("2. a repo with Kovanex hooks")
     url = kx("repo", "create", "demo", data=n1).strip().splitlines()[-1]
-    print(f"   (clone URL, token included: {url.split('@')[0][:12]}...@{url.split('@')[-1]})")
     clone = tmp / "demo"
     run(["git", "clone", "-q", url, str(clone)])
     say("3. a two-step task, pushed as a branch")
@@ -88,7 +87,7 @@ def single_node(tmp: Path) -> None:
             "git",
             "log",
             "--format=%h %s%n%(trailers:key=Kovanex-State,key=Kovanex-Node,"
-            "key=Kovanex-Epoch,key=Kovanex-Step,key=Kovanex-Score,separator=%x20 )",
+            "key=Kovanex-Epoch,key=Kovanex-Step,key=Kovanex-Pushed-By,separator=%x20 )",
             "task/build-42",
         ],
         cwd=clone,
@@ -98,6 +97,13 @@ def single_node(tmp: Path) -> None:
     spec.write_text(spec.read_text().replace("timeout_s = 60", "timeout_s = -1", 1))
     run(["git", "commit", "-q", "-am", "oops"], cwd=clone)
     run(["git", "push", "origin", "task/build-42"], cwd=clone, check=False)
+    say("7. user tokens: a read token clones but cannot push, and says why")
+    ro = kx("token", "create", "viewer", "--scope", "read", data=n1).strip().splitlines()[-1]
+    ro_url = url.replace("http://", f"http://viewer:{ro}@")
+    run(["git", "clone", "-q", ro_url, str(tmp / "ro")], quiet=True)
+    run(["git", "commit", "-q", "--allow-empty", "-m", "try"], cwd=tmp / "ro", quiet=True)
+    run(["git", "push", "origin", "HEAD:refs/heads/task/ro-1"], cwd=tmp / "ro", check=False)
+    kx("token", "list", data=n1)
     os.chdir(tmp)
 
 

@@ -51,9 +51,9 @@ def push_task(clone: Path, task: str, spec: str) -> None:
 
 def run_story(tmp: Path, nodes: list[Path]) -> None:
     n1 = tmp / "n1"
-    token = (n1 / "secrets" / "cluster.token").read_text().strip()
+    token = str(n1 / "secrets" / "cluster.token")  # a file: the secret stays out of argv
     seed = json.loads(kx("members", "--format", "json", data=n1, quiet=True))[0]["addr"]
-    say("7. two more nodes join n1 by gossip (SWIM + Lifeguard, msgpack over UDP)")
+    say("8. two more nodes join n1 by gossip (SWIM + Lifeguard, msgpack over UDP)")
     for name, pool in (("n2", "b"), ("n3", "b")):
         d = tmp / name
         kx(
@@ -64,7 +64,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
             f"env=dev,pool={pool}",
             "--bind",
             "127.0.0.1:0",
-            "--token",
+            "--token-file",
             token,
             data=d,
         )
@@ -88,11 +88,11 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     while time.monotonic() < deadline and list(members(n1).values()).count("alive") < 3:
         time.sleep(0.2)
     kx("members", data=n1)
-    say("8. the cluster graph and a node's health matrix")
+    say("9. the cluster graph and a node's health matrix")
     kx("graph", data=n1)
     kx("health", "n1", data=n1)
     clone = tmp / "demo"
-    say("9. a task that requires capability `sast` is routed to the node whose module provides it")
+    say("10. a task that requires capability `sast` is routed to the node whose module provides it")
     push_task(clone, "scan-1", ROUTED)
     wait_task(n1, "scan-1")
     run(["git", "fetch", "-q", "origin"], cwd=clone, quiet=True)
@@ -109,7 +109,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
         cwd=clone,
     )
     say(
-        "10. kill -9 the node running a task mid-step; gossip declares it dead; it resumes elsewhere"
+        "11. kill -9 the node running a task mid-step; gossip declares it dead; it resumes elsewhere"
     )
     push_task(clone, "long-1", LONG)
     holder = ""
@@ -132,7 +132,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
             seen = st
         time.sleep(0.1)
     wait_task(n1, "long-1")
-    say("11. git log tells the story: placed on one node, failed over, resumed on another")
+    say("12. git log tells the story: placed on one node, failed over, resumed on another")
     run(["git", "fetch", "-q", "origin"], cwd=clone, quiet=True)
     run(
         [

@@ -76,8 +76,8 @@ def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         control.call(layout.control_socket, "repo.created", name=args.name, timeout=5)
     except Exception:  # noqa: BLE001 - the agent adopts new repos when it starts
         print("note: the agent is not running; start it to serve this repo over HTTP")
-    print("clone URL (served by the agent; the local path works too; no secret in it:")
-    print("git asks `kovanex credential` on this machine, anyone else needs a token):")
+    print("no secret in the URL: git asks `kovanex credential` on this machine; anyone else")
+    print("needs a token (kovanex token create NAME). Clone URL (the local path works too):")
     print(f"{cfgmod.http_url(cfg)}/git/{args.name}.git")
     return 0
 
