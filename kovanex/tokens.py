@@ -38,6 +38,13 @@ class Refused(Exception):
     """A token that must not pass; the message names it (never its secret)."""
 
 
+def grants(have: str, repos: str, need: str, repo: str | None = None) -> bool:
+    """Scopes nest (admin ⊃ push ⊃ read); `repos` is a glob over repo names."""
+    if SCOPES.index(have) < SCOPES.index(need):
+        return False
+    return repo is None or fnmatch.fnmatchcase(repo, repos)
+
+
 @dataclass(frozen=True)
 class TokenRecord:
     name: str
@@ -49,9 +56,7 @@ class TokenRecord:
     revoked: float | None = None
 
     def grants(self, scope: str, repo: str | None = None) -> bool:
-        if SCOPES.index(self.scope) < SCOPES.index(scope):
-            return False
-        return repo is None or fnmatch.fnmatchcase(repo, self.repos)
+        return grants(self.scope, self.repos, scope, repo)
 
     def state(self, now: float) -> str:
         if self.revoked is not None:

@@ -95,6 +95,20 @@ def create(node: Node, *args: str) -> str:
     return out[-1]  # the token alone on the last line
 
 
+def commit_task(clone: Path, task: str) -> None:
+    git("checkout", "-q", "-b", f"task/{task}", cwd=clone)
+    (clone / ".kovanex").mkdir(exist_ok=True)
+    (clone / ".kovanex" / "task.toml").write_text(SPEC)
+    git("add", "-A", cwd=clone)
+    git("commit", "-qm", task, cwd=clone)
+
+
+def pushed_by(node: Node, task: str) -> str:
+    wait_for(lambda: node.show(task)["state"] == "succeeded", 30, f"{task} to succeed")
+    queued = [t for t in trailers_of(node.repo("demo"), f"task/{task}") if "Priority" in str(t)]
+    return queued[0]["Kovanex-Pushed-By"]
+
+
 def with_token(url: str, token: str, user: str = "anyone") -> str:
     return url.replace("http://", f"http://{user}:{token}@")
 
@@ -117,15 +131,9 @@ def test_scopes_over_git_http(node: Node, tmp_path: Path) -> None:
     # push with a push token (Basic, any user name): the task records who pushed it
     w = tmp_path / "w"
     git("clone", "-q", with_token(url, rw, "whoever"), str(w))
-    git("checkout", "-q", "-b", "task/t1", cwd=w)
-    (w / ".kovanex").mkdir()
-    (w / ".kovanex" / "task.toml").write_text(SPEC)
-    git("add", "-A", cwd=w)
-    git("commit", "-qm", "t1", cwd=w)
+    commit_task(w, "t1")
     git("push", "-q", "origin", "task/t1", cwd=w)
-    wait_for(lambda: node.show("t1")["state"] == "succeeded", 30, "t1 to succeed")
-    queued = [t for t in trailers_of(node.repo("demo"), "task/t1") if "Priority" in str(t)]
-    assert queued[0]["Kovanex-Pushed-By"] == "ci"
+    assert pushed_by(node, "t1") == "ci"
 
     # a read token clones, and its push is refused with a reason git prints
     r = tmp_path / "r"
@@ -172,30 +180,18 @@ def test_the_printed_url_works_for_the_init_user_through_the_credential_helper(
     c = tmp_path / "c"
     git("clone", "-q", printed, str(c))  # git asks `kovanex credential`
     assert "kxu_" not in (c / ".git" / "config").read_text()
-    git("checkout", "-q", "-b", "task/mine", cwd=c)
-    (c / ".kovanex").mkdir()
-    (c / ".kovanex" / "task.toml").write_text(SPEC)
-    git("add", "-A", cwd=c)
-    git("commit", "-qm", "mine", cwd=c)
+    commit_task(c, "mine")
     git("push", "-q", "origin", "task/mine", cwd=c)
-    wait_for(lambda: node.show("mine")["state"] == "succeeded", 30, "mine to succeed")
-    queued = [t for t in trailers_of(node.repo("demo"), "task/mine") if "Priority" in str(t)]
-    assert queued[0]["Kovanex-Pushed-By"] == "local@n1"
+    assert pushed_by(node, "mine") == "local@n1"
 
 
 def test_a_local_path_push_is_recorded_as_the_node(node: Node, tmp_path: Path) -> None:
     node.kx("repo", "create", "demo")
     c = tmp_path / "c"
     git("clone", "-q", str(node.repo("demo")), str(c))
-    git("checkout", "-q", "-b", "task/path", cwd=c)
-    (c / ".kovanex").mkdir()
-    (c / ".kovanex" / "task.toml").write_text(SPEC)
-    git("add", "-A", cwd=c)
-    git("commit", "-qm", "p", cwd=c)
+    commit_task(c, "path")
     git("push", "-q", "origin", "task/path", cwd=c)
-    wait_for(lambda: node.show("path")["state"] == "succeeded", 30, "path to succeed")
-    queued = [t for t in trailers_of(node.repo("demo"), "task/path") if "Priority" in str(t)]
-    assert queued[0]["Kovanex-Pushed-By"] == "local@n1"
+    assert pushed_by(node, "path") == "local@n1"
 
 
 @pytest.mark.slow

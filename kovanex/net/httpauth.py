@@ -9,11 +9,10 @@ its scope grants: `read` fetches, `push` also pushes, `admin` also drives the AP
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hmac
 from dataclasses import dataclass
 
-from kovanex.tokens import PREFIX, SCOPES, Refused, TokenBook
+from kovanex.tokens import PREFIX, SCOPES, Refused, TokenBook, grants
 
 NODE = "node"  # the scope of a caller holding the cluster secret
 
@@ -25,11 +24,7 @@ class Principal:
     repos: str = "*"
 
     def may(self, scope: str, repo: str | None = None) -> bool:
-        if self.scope == NODE:
-            return True
-        if SCOPES.index(self.scope) < SCOPES.index(scope):
-            return False
-        return repo is None or fnmatch.fnmatchcase(repo, self.repos)
+        return self.scope == NODE or grants(self.scope, self.repos, scope, repo)
 
     def why_not(self, scope: str, repo: str | None) -> str:
         if SCOPES.index(self.scope) < SCOPES.index(scope):
