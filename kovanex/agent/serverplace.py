@@ -12,7 +12,6 @@ so a dead server costs one short wait, never a stalled queue.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from kovanex.agent.placement import Decision, request_of
 from kovanex.core import scoring, servers
 from kovanex.core import task as taskcore
 from kovanex.core.strategies import Strategy
+from kovanex.net.httpauth import NODE, Principal, authenticate
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -160,9 +160,8 @@ def _post(url: str, body: bytes, token: str) -> Any:
 
 def answer(agent: Agent, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
     """`POST /v1/internal/place`: cluster token only (even when the API is public)."""
-    scheme, _, cred = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(cred.strip().encode(),
-                                                             agent.token.encode()):  # fmt: skip
+    who = authenticate(headers.get("authorization", ""), agent.token, None)
+    if not isinstance(who, Principal) or who.scope != NODE:
         return _json(401, {"error": "the cluster token is required for internal calls"})
     try:
         req, strategy, excl = parse_request(json.loads(body))
