@@ -144,3 +144,25 @@ timeout_s = 120
         assert token_path.read_text().strip() == token
     finally:
         node.stop()
+
+
+@needs_root
+def test_a_second_agent_with_the_same_node_name_cannot_take_the_units(tmp_path: Path) -> None:
+    """Units are named by node: a second `n1` on the host must not kill the first's steps."""
+    first = Node(tmp_path / "a", "same").start()
+    try:
+        xd = exchange_dir()
+        gate, started = xd / "gate", xd / "started"
+        spec = f'[[steps]]\nname = "w"\nrun = "touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done"\n'
+        clone = clone_with_task(first, "demo", tmp_path / "c", "held", spec)
+        git("push", "origin", "task/held", cwd=clone)
+        wait_for(started.exists, 30, "the first agent's step to start")
+        second = Node(tmp_path / "b", "same")
+        with pytest.raises(
+            AssertionError, match="another agent on this host .* runs a node named same"
+        ):
+            second.start()
+        gate.write_text("open")
+        wait_for(lambda: first.show("held")["state"] == "succeeded", 30, "the step to finish")
+    finally:
+        first.stop()

@@ -15,6 +15,7 @@ as the agent with the node's secrets hidden by a mount namespace, see hidden()),
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -338,6 +339,8 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     """At agent start: the node's units (made if missing, leftovers killed) and the
     isolation line for status; says once, loudly, when steps are not isolated."""
     units = node_units(cfg, create=True)
+    if units:
+        claim(cfg.name)  # before reset(): never kill the steps of another live agent
     for u in units:
         if n := reset(u):
             _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
@@ -352,6 +355,36 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     else:
         _log.info("isolation: %s (%d units)", line, len(units))
     return units, line
+
+
+LOCK_DIR = Path("/run/lock/kovanex")
+_claims: dict[str, int] = {}  # node name -> the open, locked fd, held while the agent lives
+
+
+def claim(node: str) -> None:
+    """Take the host-wide lock on this node name's units for the agent's lifetime.
+
+    Units are named by node (`kx-<node>-<n>`), so two agents with the same node name on
+    one host would share users and cgroups, and the second to start would kill the
+    first's steps as orphans. The kernel drops the lock when the holder dies, so a
+    crashed agent never blocks its restart."""
+    if node in _claims:
+        return
+    LOCK_DIR.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = LOCK_DIR / f"units-{node}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UnitError(
+            f"another agent on this host (pid {holder}) runs a node named {node}, and units "
+            f"are named by node; stop it, or give this node another name (kovanex init --name)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _claims[node] = fd
 
 
 def hidden(dirs: list[Path], argv: list[str]) -> list[str]:
