@@ -45,3 +45,14 @@ def pytest_sessionfinish(session, exitstatus):
 
     shutil.rmtree(UNITS_BASE, ignore_errors=True)
     shutil.rmtree(_GITCONFIG.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    """One started agent `n1` (files that need other flags define their own `node`)."""
+    from tests.agentkit import Node
+
+    n = Node(tmp_path, "n1")
+    n.start()
+    yield n
+    n.stop()

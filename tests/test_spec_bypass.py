@@ -13,14 +13,6 @@ from tests.agentkit import Node, clone_with_task, git, wait_for
 OK_STEP = '[[steps]]\nname = "a"\nrun = "true"\n'
 
 
-@pytest.fixture
-def node(tmp_path: Path):
-    n = Node(tmp_path, "n1")
-    n.start()
-    yield n
-    n.stop()
-
-
 @pytest.mark.parametrize(
     ("spec", "named"),
     [

@@ -113,14 +113,6 @@ def with_token(url: str, token: str, user: str = "anyone") -> str:
     return url.replace("http://", f"http://{user}:{token}@")
 
 
-@pytest.fixture
-def node(tmp_path: Path):
-    n = Node(tmp_path, "n1")
-    n.start()
-    yield n
-    n.stop()
-
-
 def test_scopes_over_git_http(node: Node, tmp_path: Path) -> None:
     printed = node.kx("repo", "create", "demo").stdout
     url = f"{http_base(node)}/git/demo.git"
