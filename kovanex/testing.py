@@ -3,6 +3,11 @@ nodes, clusters and task specs are added beside it as the deciders need them."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from kovanex.core.scoring import NodeInfo
+from kovanex.core.task import TaskView
+
 
 class FakeClock:
     """A `kovanex.clock.Clock` that only moves when a test says so."""
@@ -22,3 +27,47 @@ class FakeClock:
             raise ValueError("a clock never goes back")
         self._wall += seconds
         self._mono += seconds
+
+
+def task_view(
+    task_id: str = "t1",
+    state: str = "queued",
+    *,
+    epoch: int = 0,
+    node: str = "",
+    tip: str = "c1",
+    reason: str = "",
+    steps_ok: tuple[int, ...] = (),
+) -> TaskView:
+    """A task as its branch would fold to, without a repo."""
+    return TaskView(
+        task_id=task_id,
+        state=state,
+        epoch=epoch,
+        node=node,
+        tip=tip,
+        reason=reason,
+        steps_ok=steps_ok,
+    )
+
+
+def node_info(name: str = "n1", **kw: Any) -> NodeInfo:
+    """A scheduler's view of one node: an idle FULL node with 4 cores and 2 slots, unless
+    told otherwise."""
+    base: dict[str, Any] = {
+        "name": name,
+        "role": "FULL",
+        "labels": {},
+        "capabilities": frozenset(),
+        "health": 1.0,
+        "cpu_total": 4.0,
+        "cpu_used": 0.0,
+        "mem_total_mb": 4096.0,
+        "mem_used_mb": 0.0,
+        "runners_total": 2,
+        "runners_used": 0,
+        "repos_owned": frozenset(),
+        "repos_replica": frozenset(),
+    }
+    base.update(kw)
+    return NodeInfo(**base)

@@ -6,7 +6,7 @@ time and a test can assert on them without any I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Addr = tuple[str, int]
@@ -37,11 +37,6 @@ class SetTimer:
 
 
 @dataclass(frozen=True, slots=True)
-class CancelTimer:
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
 class Publish:
     """An event for local subscribers (member-join, member-failed, ref announcements...)."""
 
@@ -49,33 +44,65 @@ class Publish:
     payload: Any
 
 
+# -- task effects: what the scheduler decider (core/scheduler.py) asks the agent to do --
+
+
 @dataclass(frozen=True, slots=True)
 class WriteRef:
-    """A compare-and-swap ref update carrying a lease epoch.
+    """Append one transition commit to a task branch by compare-and-swap.
 
-    `old` is the expected current oid (None = the ref must not exist). The shell
-    refuses the write if the ref moved or the epoch is stale; the core then
-    re-reads and re-decides instead of retrying blindly.
+    The shell refuses the write if the branch moved from `expected_tip` or the epoch is
+    stale; it then re-reads and asks the decider again instead of retrying blindly.
+    A `placed` transition is a placement (a new lease), a `queued` one a requeue.
     """
 
     repo: str
-    ref: str
-    old: str | None
-    epoch: int
-    state: str
-    trailers: dict[str, str] = field(default_factory=dict)
-    message: str = ""
+    task_id: str
+    transition: Any  # core.task.Transition (Any: effects stays import-free)
+    expected_tip: str
 
 
 @dataclass(frozen=True, slots=True)
-class StartStep:
+class QueueSubmission:
+    """A user's push is waiting: write `queued` on top of it (push options and the spec's
+    priority are the shell's to read)."""
+
     repo: str
     task_id: str
-    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    """Run our own lease of a task here, from its next unfinished step."""
+
+    repo: str
+    task_id: str
     epoch: int
 
 
 @dataclass(frozen=True, slots=True)
-class Log:
-    level: str
-    text: str
+class Assign:
+    """Tell a remote runner (over gossip) that it holds a lease of one of our tasks."""
+
+    repo: str
+    task_id: str
+    node: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class StandDown:
+    """Our run of a task no longer holds the current lease: stop it without writing."""
+
+    repo: str
+    task_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillOrphan:
+    """A step process left by an earlier agent of ours may still run this task: kill it
+    before anyone resumes the task."""
+
+    repo: str
+    task_id: str
