@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kovanex.agent.context import NodeContext
-from kovanex.agent.executor import Lease, TaskRun
+from kovanex.agent.executor import TaskRun
+from kovanex.gitstate.ledger import Lease
 from kovanex.runner import RunnerSlots, units
 
 log = logging.getLogger("kovanex.agent")
