@@ -28,7 +28,6 @@ import asyncio
 import collections
 import hashlib
 import logging
-import subprocess
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -48,18 +47,18 @@ from kovanex.core.replication import (
     sync_quorum_ok,
     takeover,
 )
-from kovanex.gitstate import mirror
-from kovanex.gitstate.mirror import STAGING, SYNC_STAGING, ZERO, MirrorError
+from kovanex.gitstate import gitcli, mirror
+from kovanex.gitstate.gitcli import ZERO, GitError
 from kovanex.gitstate.ownership import OwnershipConflict, read_ownership, write_ownership
 from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.refs import LOST, STAGING, STAGING_REFS, SYNC_STAGING, TASK_PREFIX
+from kovanex.gitstate.refs import mirrored as _mirrored
 from kovanex.gitstate.store import StaleEpoch
 from kovanex.net.gossip import MEMBER_EVENTS, GossipNode, MemberInfo
 
 log = logging.getLogger("kovanex.replica")
 T = TypeVar("T")
 
-LOST = "refs/kovanex/lost/"
-TASK_PREFIX = "refs/heads/task/"
 ANTI_ENTROPY_S = 10.0
 PLACEMENT_S = 2.0
 TAKEOVER_SETTLE_S = 0.3  # let the last acks arrive so every replica ranks the same
@@ -78,55 +77,17 @@ def _digest(refs: dict[str, str]) -> str:
     return h.hexdigest()[:20]
 
 
-def _mirrored(refs: dict[str, str]) -> dict[str, str]:
-    """The refs replication keeps equal: not scratch staging, not local forensics."""
-    return {r: o for r, o in refs.items() if not r.startswith((STAGING, LOST))}
-
-
-def _git(
-    args: list[str],
-    *,
-    token: str | None = None,
-    env_extra: dict[str, str] | None = None,
-    input: str | None = None,
-    timeout: float = mirror.TIMEOUT_S,
-) -> subprocess.CompletedProcess[str]:
-    env = mirror.git_env(token)
-    env.update(env_extra or {})
-    try:
-        return subprocess.run(
-            ["git", *args],
-            env=env,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd="/",
-        )
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(["git", *args], 124, "", f"timed out after {timeout}s")
-
-
 def _refs(repo: Path, prefix: str = "refs/") -> dict[str, str]:
-    out = _git(
-        ["--git-dir", str(repo), "for-each-ref", "--format=%(objectname) %(refname)", prefix]
-    )
-    refs = {}
-    for line in out.stdout.splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
-    return refs
+    return gitcli.for_each_ref(repo, prefix)
 
 
 def _is_ancestor(repo: Path, old: str, new: str) -> bool:
-    r = _git(["--git-dir", str(repo), "merge-base", "--is-ancestor", old, new])
-    return r.returncode == 0
+    return gitcli.is_ancestor(repo, old, new)
 
 
 def _update_ref(repo: Path, ref: str, new: str | None, old: str | None) -> bool:
     """CAS one ref; new=None deletes."""
-    line = f"delete {ref} {old}\n" if new is None else f"update {ref} {new} {old or ZERO}\n"
-    return _git(["--git-dir", str(repo), "update-ref", "--stdin"], input=line).returncode == 0
+    return gitcli.update_ref_cas(repo, [(ref, new, old)])
 
 
 class ReplicaManager:
@@ -146,6 +107,8 @@ class ReplicaManager:
         anti_entropy_s: float = ANTI_ENTROPY_S,
         placement_s: float = PLACEMENT_S,
         takeover_settle_s: float = TAKEOVER_SETTLE_S,
+        fetch_timeout_s: float = gitcli.REPLICA_FETCH_TIMEOUT_S,
+        clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
     ) -> None:
         self.node = node_name
         self.repos_dir = Path(repos_dir)
@@ -158,6 +121,10 @@ class ReplicaManager:
         self.anti_entropy_s = anti_entropy_s
         self.placement_s = placement_s
         self.takeover_settle_s = takeover_settle_s
+        self.fetch_timeout_s = fetch_timeout_s
+        self.clone_timeout_s = clone_timeout_s
+        self._resync_from: dict[str, int] = {}  # repo -> epoch of the upstream we left
+        self._fresh: set[str] = set()  # replicas created and not yet filled
         self._known: dict[str, Ownership] = {}
         self._owner_http: dict[str, str] = {}  # owner name -> http base from "owner" values
         self._locks: dict[str, asyncio.Lock] = {}
@@ -430,15 +397,25 @@ class ReplicaManager:
             env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.path(repo) / "objects")
         targets = list(o.replicas)
 
-        def push(name: str) -> tuple[str, bool, str]:
+        async def push(name: str) -> tuple[str, bool, str]:
             url = self._repo_url(repo, name)
             if not url:
                 return name, False, "no http address"
-            args = ["--git-dir", str(self.path(repo)), "push", "--porcelain", "--no-verify"]
-            r = _git([*args, url, *specs], token=self.token, env_extra=env, timeout=timeout)
-            return name, r.returncode == 0, r.stderr.strip()[-300:]
+            args = ["push", "--porcelain", "--no-verify", url, *specs]
+            try:
+                r = await gitcli.run_async(
+                    args,
+                    git_dir=self.path(repo),
+                    token=self.token,
+                    env_extra=env,
+                    timeout=timeout,
+                    check=False,
+                )
+            except GitError as e:
+                return name, False, e.last_line
+            return name, r.ok, r.stderr.strip()[-300:]
 
-        results = await asyncio.gather(*(self._thread(push, n) for n in targets))
+        results = await asyncio.gather(*(push(n) for n in targets))
         acked = [n for n, ok, _ in results if ok]
         if sync_quorum_ok(acked, o.replicas_wanted):
             return True, ""
@@ -496,6 +473,9 @@ class ReplicaManager:
 
     # -- ownership changes -------------------------------------------------------------
     async def _on_owner(self, repo: str, ann: Ownership, http: str) -> None:
+        """Adopt an owner announcement. Only local state changes under the lock (it never
+        waits on a fetch, ADR 0016); fetching from the new upstream happens afterwards."""
+        restart = False
         async with self._lock(repo):
             known = self._known.get(repo)
             if http:
@@ -507,28 +487,33 @@ class ReplicaManager:
             if known is not None and ann.epoch == known.epoch and ann.owner != known.owner:
                 # two owners at one epoch (a split takeover): the lower name keeps it
                 if known.owner == self.node and ann.owner < self.node:
-                    await self._demote(repo, known, ann)
+                    self._demote(repo, known, ann)
+                    restart = True
                 elif known.owner == self.node:
                     self._publish_owner(repo)
-                return
-            if known is not None and known.owner == self.node and ann.owner != self.node:
-                await self._demote(repo, known, ann)
-                return
-            if ann.owner == self.node:
+                    return
+                else:
+                    return
+            elif known is not None and known.owner == self.node and ann.owner != self.node:
+                self._demote(repo, known, ann)
+                restart = True
+            elif ann.owner == self.node:
                 return  # our own record echoed back by a peer that saw it
-            upstream_moved = known is not None and (
-                ann.epoch > known.epoch or ann.owner != known.owner
-            )
-            self._known[repo] = ann
-            if self.node not in ann.replicas:
-                return
-            if not self.path(repo).exists():
-                await self._create_replica(repo)
-            elif upstream_moved:
-                await self._resync(repo, known.epoch if known else 0)
             else:
-                self._dirty.add(repo)
-        self._want_fetch(repo)
+                upstream_moved = known is not None and (
+                    ann.epoch > known.epoch or ann.owner != known.owner
+                )
+                self._known[repo] = ann
+                if self.node not in ann.replicas:
+                    self._cancel_fetch(repo)
+                    return
+                if not self.path(repo).exists():
+                    await self._create_replica_locked(repo)
+                elif upstream_moved:
+                    assert known is not None
+                    self._resync_from.setdefault(repo, known.epoch)
+                    restart = True
+        self._want_fetch(repo, restart=restart)
 
     async def _claim(self, repo: str) -> Ownership:
         own = Ownership(self.node, 1, (), "async", 1)
@@ -540,66 +525,27 @@ class ReplicaManager:
             return e.current
         return own
 
-    async def _create_replica(self, repo: str) -> None:
-        """A bare repo like `kovanex repo create` makes, filled from the owner."""
+    async def _create_replica_locked(self, repo: str) -> None:
+        """A bare repo like `kovanex repo create` makes (local work, under the repo's lock);
+        the first fetch fills it afterwards, outside the lock."""
         path = self.path(repo)
-
-        def init() -> None:
-            self.repos_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.repos_dir / f".{repo}.git.tmp"
-            subprocess.run(["git", "init", "-q", "--bare", str(tmp)], check=True)
-            for key, val in (
-                ("receive.advertisePushOptions", "true"),
-                ("receive.fsckObjects", "true"),
-                ("core.logAllRefUpdates", "true"),
-                ("gc.auto", "0"),
-            ):
-                subprocess.run(["git", "--git-dir", str(tmp), "config", key, val], check=True)
-            tmp.rename(path)  # appears complete or not at all (the agent globs *.git)
-
-        await self._thread(init)
+        if path.exists():
+            return
+        await self._thread(gitcli.create_bare, path)
         self.install_hooks(path)
+        self._fresh.add(repo)
         log.info("%s: replica of %s created at %s", repo, self._known[repo].owner, path)
-        await self._fetch(repo, force=False)
 
-    async def _resync(self, repo: str, old_epoch: int) -> None:
-        """New upstream (a takeover or our demotion): what it lacks goes to lost/, then
-        our refs become its refs."""
-        url = self._repo_url(repo, self._known[repo].owner)
-        if not url:
-            return
-        path = self.path(repo)
-
-        def go() -> None:
-            before = _mirrored(_refs(path))
-            res = mirror.fetch(path, url, None, token=self.token, force=False)
-            staged = {r[len(STAGING) :]: o for r, o in _refs(path, STAGING + "refs/").items()}
-            lost = {r: before[r] for r in res.refused}
-            lost.update({r: o for r, o in before.items() if r not in staged})
-            for ref, oid in sorted(lost.items()):
-                _update_ref(path, f"{LOST}{old_epoch}/{ref}", oid, None)
-                if ref not in staged:
-                    _update_ref(path, ref, None, oid)
-                log.warning("%s: kept %s %s under %s%d/", repo, ref, oid, LOST, old_epoch)
-            if res.refused:
-                mirror.fetch(path, url, sorted(res.refused), token=self.token, force=True)
-
-        try:
-            await self._thread(go)
-        except MirrorError as e:
-            self._error(f"{repo}: resync from {url}: {e}")
-            return
-        await self._after_fetch(repo)
-
-    async def _demote(self, repo: str, mine: Ownership, theirs: Ownership) -> None:
+    def _demote(self, repo: str, mine: Ownership, theirs: Ownership) -> None:
+        """We were the owner; `theirs` supersedes us. Local state only: the next fetch (from
+        the new owner) moves what it lacks to lost/ and takes its refs."""
         log.warning(
             "%s: %s took over at epoch %d; becoming a replica", repo, theirs.owner, theirs.epoch
         )
         self._known[repo] = theirs
         self._history.pop(repo, None)
         self._announced.pop(repo, None)
-        await self._resync(repo, mine.epoch)
-        self._dirty.add(repo)
+        self._resync_from.setdefault(repo, mine.epoch)
 
     async def _maybe_takeover(self, repo: str, settle: bool = False) -> None:
         """If the owner is gone and we rank first among live replicas, take the repo over
@@ -640,6 +586,8 @@ class ReplicaManager:
             promoted = await self._thread(self._promote_staging, repo)
             self._known[repo] = new
             self._local_refs.pop(repo, None)
+            self._resync_from.pop(repo, None)
+            self._cancel_fetch(repo)  # a fetch from the dead owner may still hang
             log.warning(
                 "%s: took over from %s at epoch %d (promoted %s)",
                 repo,
@@ -671,51 +619,116 @@ class ReplicaManager:
         return out
 
     # -- replica fetching --------------------------------------------------------------
-    def _want_fetch(self, repo: str) -> None:
+    # One fetcher task per repo does all network fetching for it (so staging refs have one
+    # writer). The fetch runs holding no lock; the lock is taken only to apply the staged
+    # refs, after re-checking that the owner/epoch we fetched from is still current: a
+    # fetch from a deposed owner is discarded (ADR 0016). An owner change cancels a
+    # running fetch, which kills its git process group.
+    def _want_fetch(self, repo: str, *, restart: bool = False) -> None:
         """Coalesce: at most one fetch per repo runs; announcements during it mark the repo
-        dirty and cause exactly one more."""
+        dirty and cause exactly one more. `restart`: the upstream changed, so a fetch in
+        flight (maybe hanging on a dead owner) is cancelled and a new one starts."""
         self._dirty.add(repo)
         t = self._fetchers.get(repo)
+        prev: asyncio.Task[None] | None = None
         if t is not None and not t.done():
-            return
-        self._fetchers[repo] = asyncio.get_running_loop().create_task(self._fetcher(repo))
+            if not restart:
+                return
+            t.cancel()
+            prev = t
+        self._fetchers[repo] = asyncio.get_running_loop().create_task(self._fetcher(repo, prev))
 
-    async def _fetcher(self, repo: str) -> None:
+    def _cancel_fetch(self, repo: str) -> None:
+        t = self._fetchers.get(repo)
+        if t is not None and not t.done():
+            t.cancel()
+
+    async def _fetcher(self, repo: str, prev: asyncio.Task[None] | None = None) -> None:
+        if prev is not None:  # its git child is killed; wait so staging has one writer
+            await asyncio.gather(prev, return_exceptions=True)
         while repo in self._dirty:
             self._dirty.discard(repo)
-            if not self.is_replica(repo):
+            if not self._should_fetch(repo):
                 return
-            async with self._lock(repo):
-                await self._fetch(repo, force=False)
+            await self._fetch(repo)
 
-    async def _fetch(self, repo: str, *, force: bool) -> None:
+    def _should_fetch(self, repo: str) -> bool:
+        """A replica follows its owner; a demoted owner's copy resyncs once even when the
+        new owner did not choose it as a replica."""
+        if self.is_owner(repo) or not self.path(repo).exists():
+            return False
+        return self.is_replica(repo) or repo in self._resync_from
+
+    async def _fetch(self, repo: str) -> None:
         o = self._known.get(repo)
         url = self._repo_url(repo, o.owner) if o else ""
-        if not url:
+        if o is None or not url:
             return
+        target = (o.owner, o.epoch)
         path = self.path(repo)
-
         self.fetches[repo] += 1
-
-        def go() -> mirror.Fetched:
-            res = mirror.fetch(path, url, None, token=self.token, force=force)
-            # fast-forward only for task branches; other refs follow the owner
-            other = sorted(r for r in res.refused if not r.startswith(TASK_PREFIX))
-            if other:
-                res.update(mirror.fetch(path, url, other, token=self.token, force=True))
-            return res
-
+        timeout = self.clone_timeout_s if repo in self._fresh else self.fetch_timeout_s
         try:
-            res = await self._thread(go)
-        except MirrorError as e:
+            args = mirror.fetch_args(path, url, None)
+            await gitcli.run_async(args, token=self.token, timeout=timeout)
+        except GitError as e:
             self._error(f"{repo}: fetch from {url}: {e}")
             return
-        for ref, why in res.refused.items():
-            self._error(f"{repo}: {ref} not applied: {why}")
-        await self._after_fetch(repo)
+        # local from here on: verify, then apply under the lock; shielded so a cancel
+        # (an owner change) never leaves the lock released while a thread moves refs
+        await asyncio.shield(self._apply_fetched(repo, target, url))
+
+    async def _apply_fetched(self, repo: str, target: tuple[str, int], url: str) -> None:
+        async with self._lock(repo):
+            o = self._known.get(repo)
+            if o is None or (o.owner, o.epoch) != target or o.owner == self.node:
+                log.info("%s: discarded a fetch from %s@%d (deposed)", repo, *target)
+                return
+            old_epoch = self._resync_from.pop(repo, None)
+            try:
+                refused = await self._thread(self._apply_staged, repo, old_epoch)
+            except GitError as e:
+                self._error(f"{repo}: applying fetch from {url}: {e}")
+                if old_epoch is not None:
+                    self._resync_from.setdefault(repo, old_epoch)
+                return
+            self._fresh.discard(repo)
+            for ref, why in refused.items():
+                self._error(f"{repo}: {ref} not applied: {why}")
+            await self._after_fetch(repo)
+
+    def _apply_staged(self, repo: str, old_epoch: int | None) -> dict[str, str]:
+        """Move real refs to the staged ones (local git only). Normally task branches only
+        fast-forward and other refs follow the owner. After a new upstream (a takeover or
+        our demotion, `old_epoch` set): what it lacks goes to lost/<old_epoch>/, then our
+        refs become its refs. Returns refs not applied, with why."""
+        path = self.path(repo)
+        before = _mirrored(_refs(path)) if old_epoch is not None else {}
+        res = mirror.apply_staged(path, None, force=False)
+        if old_epoch is None:
+            other = sorted(r for r in res.refused if not r.startswith(TASK_PREFIX))
+            if other:
+                forced = mirror.apply_staged(path, other, force=True)
+                for r in forced:
+                    res.refused.pop(r, None)
+            return res.refused
+        staged = {r[len(STAGING) :]: o for r, o in _refs(path, STAGING_REFS).items()}
+        lost = {r: before[r] for r in res.refused if r in before}
+        lost.update({r: o for r, o in before.items() if r not in staged})
+        for ref, oid in sorted(lost.items()):
+            _update_ref(path, f"{LOST}{old_epoch}/{ref}", oid, None)
+            if ref not in staged:
+                _update_ref(path, ref, None, oid)
+            log.warning("%s: kept %s %s under %s%d/", repo, ref, oid, LOST, old_epoch)
+        if res.refused:
+            forced = mirror.apply_staged(path, sorted(res.refused), force=True)
+            for r in forced:
+                res.refused.pop(r, None)
+        return res.refused
 
     async def _after_fetch(self, repo: str) -> None:
-        """Drop sync staging the real refs caught up with, learn the owner record, ack."""
+        """Drop sync staging the real refs caught up with, learn the owner record, ack.
+        Local git only (callers hold the repo's lock)."""
         path = self.path(repo)
 
         def go() -> tuple[dict[str, str], Ownership | None]:
@@ -814,16 +827,18 @@ class ReplicaManager:
                 continue
             if not self.path(repo).exists():
                 async with self._lock(repo):
-                    if not self.path(repo).exists():
-                        await self._create_replica(repo)
+                    await self._create_replica_locked(repo)
+                self._want_fetch(repo)
                 continue
             url = self._repo_url(repo, o.owner)
             try:
-                remote = await self._thread(mirror.ls_remote, url, self.token)
-            except MirrorError as e:
+                out = await gitcli.run_async(
+                    mirror.ls_remote_args(url), token=self.token, timeout=self.fetch_timeout_s
+                )
+            except GitError as e:
                 self._error(f"{repo}: ls-remote {url}: {e}")
                 continue
-            remote = _mirrored(remote)
+            remote = _mirrored(mirror.parse_ls_remote(out.stdout))
             local = self._local_refs.get(repo)
             if local is None or any(local.get(r) != oid for r, oid in remote.items()):
                 self._want_fetch(repo)
