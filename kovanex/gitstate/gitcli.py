@@ -33,6 +33,7 @@ ZERO = "0" * 40
 # its owner, short because a replica must notice a new owner quickly (ADR 0016); the first
 # copy of a repo moves every object and gets REPLICA_CLONE.
 LOCAL_TIMEOUT_S = 60.0
+CHECKOUT_TIMEOUT_S = 600.0  # worktree add / add -A on a big tree
 NETWORK_TIMEOUT_S = 300.0
 REPLICA_FETCH_TIMEOUT_S = 15.0
 REPLICA_CLONE_TIMEOUT_S = 120.0
@@ -124,13 +125,30 @@ def env(token: str | None = None, extra: Mapping[str, str] | None = None) -> dic
     return out
 
 
-def _argv(args: Iterable[str], git_dir: Path | str | None) -> list[str]:
-    pre = ["--git-dir", str(git_dir)] if git_dir is not None else []
+def _argv(
+    args: Iterable[str | os.PathLike[str]],
+    git_dir: Path | str | None,
+    config: Iterable[tuple[str, str]] = (),
+) -> list[str]:
+    pre = [x for k, v in config for x in ("-c", f"{k}={v}")]
+    if git_dir is not None:  # absolute: git runs in `/` unless told otherwise
+        pre += ["--git-dir", os.path.abspath(git_dir)]
     return [*pre, *map(str, args)]
 
 
+def command(
+    args: Iterable[str | os.PathLike[str]],
+    *,
+    git_dir: Path | str | None = None,
+    config: Iterable[tuple[str, str]] = (),
+) -> list[str]:
+    """The full argv (`git ...`) for callers that build pipelines with Popen themselves;
+    pair it with `env()`."""
+    return ["git", *_argv(args, git_dir, config)]
+
+
 def run(
-    args: Iterable[str],
+    args: Iterable[str | os.PathLike[str]],
     *,
     git_dir: Path | str | None = None,
     input: str | None = None,
@@ -138,10 +156,13 @@ def run(
     token: str | None = None,
     env_extra: Mapping[str, str] | None = None,
     check: bool = True,
+    cwd: Path | str | None = None,
+    config: Iterable[tuple[str, str]] = (),
 ) -> Result:
-    """Run `git [--git-dir D] args...` (blocking). Raises GitTimeout on timeout and, with
-    `check`, GitError on a non-zero exit."""
-    argv = _argv(args, git_dir)
+    """Run `git [-c k=v]... [--git-dir D] args...` (blocking) in `cwd` (default `/`, so
+    no repo is found by accident). Raises GitTimeout on timeout and, with `check`,
+    GitError on a non-zero exit."""
+    argv = _argv(args, git_dir, config)
     try:
         p = subprocess.run(
             ["git", *argv],
@@ -150,7 +171,7 @@ def run(
             capture_output=True,
             text=True,
             timeout=timeout,
-            cwd="/",
+            cwd=str(cwd) if cwd is not None else "/",
             stdin=None if input is not None else subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
