@@ -219,18 +219,21 @@ async def run_async(
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            await asyncio.wait_for(proc.wait(), wait)
-            return
-        except TimeoutError:
-            continue
+    """SIGTERM the group (git removes its lock files), SIGKILL what is left after a grace,
+    and once the leader is gone SIGKILL the group again, so no orphaned helper
+    (git-remote-http) outlives the call."""
+    try:
+        if proc.returncode is None:
+            for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+                os.killpg(proc.pid, sig)
+                try:
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+                except TimeoutError:
+                    continue
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # -- helpers on a local repo -----------------------------------------------------------
