@@ -102,3 +102,43 @@ def test_replica_adopts_new_owner_while_fetch_from_blackholed_owner_hangs(tmp_pa
 
 
 __all__ = ["Blackhole", "Node"]
+
+
+def test_a_fetch_from_a_deposed_owner_is_discarded_at_apply(tmp_path: Path) -> None:
+    """The network half ran against owner n1 at epoch 1; by the time it is applied the
+    record says someone else at epoch 2: nothing moves. Under the still-current record the
+    same staged refs apply."""
+    from dataclasses import replace
+
+    from kovanex.gitstate import gitcli, mirror
+    from tests.test_replica_manager import TOKEN
+
+    async def go() -> None:
+        _, nodes = await cluster(tmp_path, 2)
+        a, b = nodes
+        try:
+            path = await create(a, "d")
+            await until(lambda: a.m.status("d")["replicas"].keys() == {"n2"}, what="placed")
+            work = Work(tmp_path)
+            first = await work.commit()
+            a.m.refs_changed("d", await work.push(path, MAIN))
+            await until(lambda: rev(b.repo("d"), MAIN) == first, what="caught up")
+            for t in b.m._loops:  # no anti-entropy pass in between: we drive the fetch
+                t.cancel()
+            await until(b.m.quiet, what="b idle")
+            second = await work.commit()
+            await work.push(path, MAIN)  # no announcement: b learns nothing by itself
+            url = b.m.owner_of("d")[1]  # type: ignore[index]
+            await gitcli.run_async(mirror.fetch_args(b.repo("d"), url, None), token=TOKEN)
+            assert rev(b.repo("d"), "refs/kovanex/staging/" + MAIN) == second
+            current = b.m.rt.known["d"]
+            b.m.rt.known["d"] = replace(current, owner="n9", epoch=current.epoch + 1)
+            await b.m.fetcher._apply_fetched("d", (current.owner, current.epoch), url)
+            assert rev(b.repo("d"), MAIN) == first  # discarded
+            b.m.rt.known["d"] = current
+            await b.m.fetcher._apply_fetched("d", (current.owner, current.epoch), url)
+            assert rev(b.repo("d"), MAIN) == second  # applied
+        finally:
+            await shutdown_nodes(nodes)
+
+    asyncio.run(go())
