@@ -24,13 +24,18 @@ def templates_dir() -> Path:
 
 
 HOOKS = ("pre-receive", "post-receive")
+RELAY = "kovanex-relay.sh"  # their shared code, sourced from the hooks dir at run time
 
 
 def install_hooks(repo: Path, data_dir: Path) -> None:
     """Write hooks with absolute paths baked in: no PATH lookups, no interpreter shims.
 
-    Here, not in the CLI, because the agent installs hooks too (a replica it creates)."""
+    Here, not in the CLI, because the agent installs hooks too (a replica it creates).
+    Both hooks source `RELAY` from the hooks dir baked in as KX_HOOKS (as they run the
+    slow path from there), so it must exist there, not in the repo."""
     src = hooks_dir()
+    if not (src / RELAY).is_file():
+        raise FileNotFoundError(f"{src / RELAY} missing; reinstall kovanex")
     for name in HOOKS:
         text = (src / name).read_text()
         text = text.replace("@KX_DATA@", str(data_dir))

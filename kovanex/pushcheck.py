@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kovanex import spec as specmod
 from kovanex.core import task as taskcore
+from kovanex.gitstate import refs
 from kovanex.gitstate.ledger import TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
@@ -20,8 +21,8 @@ from kovanex.inputlimits import InputLimits
 ZERO = "0" * 40
 SPEC_PATH = ".kovanex/task.toml"
 ACTIVE = {"placed", "running"}
-SKIP_PREFIX = "refs/kovanex/skip/"
-STAGING_PREFIX = "refs/kovanex/staging/"  # sync replication: the owner stages on replicas
+SKIP_PREFIX = refs.SKIP_PREFIX
+STAGING_PREFIX = refs.STAGING  # sync replication: the owner stages on replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def check_pre_receive(
     for u in writes:
         task_id = task_id_of(u.ref)
         if task_id is None:
-            if u.ref.startswith("refs/heads/task/"):
+            if u.ref.startswith(refs.TASK_PREFIX):
                 verdict.reject(
                     f"kovanex: {u.ref}: task ids must match "
                     "[A-Za-z0-9][A-Za-z0-9._-]{0,99}; rename the branch"

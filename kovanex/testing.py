@@ -1,11 +1,13 @@
-"""Builders for fast in-process tests (shipped like trio.testing): a fake clock now;
-nodes, clusters and task specs are added beside it as the deciders need them."""
+"""Builders for fast in-process tests (shipped like trio.testing): a fake clock, ownership
+records and node views for the takeover decider; more are added as the deciders need them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kovanex.core.replication import Ownership
 from kovanex.core.scoring import NodeInfo
+from kovanex.core.takeover import Config, Member, NodeState
 from kovanex.core.task import TaskView
 
 
@@ -71,3 +73,58 @@ def node_info(name: str = "n1", **kw: Any) -> NodeInfo:
     }
     base.update(kw)
     return NodeInfo(**base)
+
+
+# -- replication / takeover builders (kovanex.core.takeover) --------------------------------
+def ownership(
+    owner: str = "n1",
+    epoch: int = 1,
+    replicas: tuple[str, ...] | list[str] | str = (),
+    level: str = "async",
+    wanted: int | None = None,
+) -> Ownership:
+    """An ownership record; `replicas` may be "n2,n3"; `wanted` defaults to len(replicas)."""
+    reps = (
+        tuple(r for r in replicas.split(",") if r) if isinstance(replicas, str) else tuple(replicas)
+    )
+    want = len(reps) if wanted is None else wanted
+    return Ownership(owner, epoch, reps, "none" if level == "none" else level, want)
+
+
+def member_views(spec: str = "", **statuses: str) -> dict[str, Member]:
+    """Members by name from "n1 n2 n3:storage n4:runner"; keyword args set statuses
+    (member_views("n1 n2 n3", n1="dead"))."""
+    out: dict[str, Member] = {}
+    for item in spec.split():
+        name, _, role = item.partition(":")
+        out[name] = Member(name, role or "full", statuses.get(name, "alive"))
+    for name, status in statuses.items():
+        if name not in out:
+            out[name] = Member(name, "full", status)
+    return out
+
+
+def node_state(
+    me: str,
+    members: str | dict[str, Member] = "",
+    *,
+    known: dict[str, Ownership] | None = None,
+    held: dict[str, dict[str, int]] | None = None,
+    owner_tips: dict[str, dict[str, str]] | None = None,
+    copies: tuple[str, ...] | list[str] | None = None,
+    settle_s: float = 0.3,
+) -> NodeState:
+    """A `NodeState` for `me`; copies default to every repo we own or replicate."""
+    mem = member_views(members) if isinstance(members, str) else members
+    kn = dict(known or {})
+    if copies is None:
+        copies = [r for r, o in kn.items() if o.owner == me or me in o.replicas]
+    return NodeState(
+        me=me,
+        known=kn,
+        members=mem,
+        held=held or {},
+        owner_tips=owner_tips or {},
+        copies=frozenset(copies),
+        config=Config(settle_s=settle_s),
+    )

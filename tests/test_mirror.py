@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kovanex.gitstate import mirror
+from kovanex.gitstate import gitcli, mirror
 from kovanex.gitstate.mirror import (
     STAGING,
     MirrorError,
@@ -218,7 +218,7 @@ def test_token_goes_in_env_not_argv(pair: Pair, monkeypatch: pytest.MonkeyPatch)
         seen.append((list(args), kw.get("env") or {}))
         return real_run(args, **kw)
 
-    monkeypatch.setattr(mirror.subprocess, "run", spy)
+    monkeypatch.setattr(gitcli.subprocess, "run", spy)
     fetch(pair.replica, pair.url, None, token=TOKEN)
     ls_remote(pair.url, TOKEN)
     assert seen and all(TOKEN not in " ".join(args) for args, _ in seen)

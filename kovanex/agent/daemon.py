@@ -92,6 +92,7 @@ class Agent:
             http_url=self.http_url,
             install_hooks=lambda path: install_hooks(path, layout.root),
             on_owned=self._on_owned,
+            clock=ctx.clock,
         )
         self.repos.roles = self.replicas
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)

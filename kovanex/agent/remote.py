@@ -9,14 +9,13 @@ never overwrite the new holder's work: it re-reads and stands down.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kovanex.core import task as taskcore
-from kovanex.gitstate import mirror
+from kovanex.gitstate import gitcli, mirror
 from kovanex.gitstate.ledger import TaskLedger, task_ref
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict
@@ -26,9 +25,7 @@ TAKEOVER_WAIT_S = 30.0  # how long a runner waits for a new owner before giving 
 
 def ensure_cache(path: Path) -> Path:
     if not (path / "HEAD").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
-        subprocess.run(["git", "-C", str(path), "config", "gc.auto", "0"], check=True)
+        gitcli.create_bare(path, config=(("gc.auto", "0"),))
     return path
 
 

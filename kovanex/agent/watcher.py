@@ -23,6 +23,8 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
+from kovanex.gitstate import refs
+
 log = logging.getLogger("kovanex.watcher")
 WRITE_EVENTS = frozenset({"created", "modified", "moved", "deleted", "closed"})
 WRITE_FILTER = [
@@ -56,15 +58,15 @@ class _Handler(FileSystemEventHandler):
             if not path or path.endswith(".lock"):
                 continue
             task = None
-            for marker in ("/refs/heads/task/", "/refs/kovanex/skip/"):
+            for marker in (f"/{refs.TASK_PREFIX}", f"/{refs.SKIP_PREFIX}"):
                 if marker in path:
                     task = path.split(marker, 1)[1]
             if task is None:
-                if "/refs/kovanex/staging/" in path or "/refs/kovanex/lost/" in path:
+                if f"/{refs.STAGING}" in path or f"/{refs.LOST}" in path:
                     continue
-                if "/refs/" in path and "/refs/kovanex/" not in path:
+                if f"/{refs.REFS}" in path and f"/{refs.KOVANEX}" not in path:
                     task = ""  # a non-task ref (e.g. main): announce to replicas only
-                elif "/refs/kovanex/" not in path and not path.endswith("packed-refs"):
+                elif f"/{refs.KOVANEX}" not in path and not path.endswith("packed-refs"):
                     continue
             try:
                 name = Path(path).relative_to(self.repos_dir).parts[0]

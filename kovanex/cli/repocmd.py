@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex import paths
 from kovanex.cli.output import CliError, add_format, emit_json, table
+from kovanex.gitstate import gitcli
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -47,15 +47,7 @@ def create_repo(layout: cfgmod.Layout, name: str) -> Path:
     path = layout.repo(name)
     if path.exists():
         raise CliError(f"repo {name} exists at {path}; clone it with: git clone {path}")
-    layout.repos.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
-    for key, val in (
-        ("receive.advertisePushOptions", "true"),
-        ("receive.fsckObjects", "true"),
-        ("core.logAllRefUpdates", "true"),
-        ("gc.auto", "0"),
-    ):
-        subprocess.run(["git", "-C", str(path), "config", key, val], check=True)
+    gitcli.create_bare(path)  # the same bare repo a replica gets (config, atomic)
     install_hooks(path, layout)
     (path / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
     return path

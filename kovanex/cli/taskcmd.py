@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kovanex import config as cfgmod
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core import task as taskcore
+from kovanex.gitstate.refs import task_ref
 from kovanex.paths import templates_dir
 
 if TYPE_CHECKING:
@@ -78,13 +79,13 @@ def find_task(layout: cfgmod.Layout, task_id: str, repo: str | None) -> tuple[st
         if not layout.repo(repo).exists():
             raise CliError(f"no repo {repo} at {layout.repos}; see `kovanex repo list`")
         led = _ledger(layout, repo)
-        if led.store.get_ref(f"refs/heads/task/{task_id}") is None:
+        if led.store.get_ref(task_ref(task_id)) is None:
             raise CliError(f"no task {task_id} in repo {repo}; see `kovanex task list`")
         return repo, led
     hits = []
     for p in sorted(layout.repos.glob("*.git")) if layout.repos.exists() else []:
         led = _ledger(layout, p.name[:-4])
-        if led.store.get_ref(f"refs/heads/task/{task_id}") is not None:
+        if led.store.get_ref(task_ref(task_id)) is not None:
             hits.append((p.name[:-4], led))
     if not hits:
         raise CliError(

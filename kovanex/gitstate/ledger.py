@@ -14,35 +14,16 @@ from dataclasses import dataclass
 from kovanex.core import task as core
 from kovanex.core.task import TaskView, Transition
 from kovanex.gitstate import trailers
+from kovanex.gitstate.refs import (  # re-exported: many modules import these from here
+    TASK_PREFIX as TASK_PREFIX,
+)
+from kovanex.gitstate.refs import task_id_of as task_id_of
+from kovanex.gitstate.refs import task_ref as task_ref
+from kovanex.gitstate.refs import valid_task_id as valid_task_id
 from kovanex.gitstate.store import EMPTY_TREE, CasConflict, RefStore, StaleEpoch
 
-TASK_PREFIX = "refs/heads/task/"
 SPEC_PATH = ".kovanex/task.toml"
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _IDENT_SAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def valid_task_id(task_id: str) -> bool:
-    """The id pattern, minus what git refuses in a ref name ("..", a ".lock" or "." ending)."""
-    return (
-        bool(_TASK_ID.match(task_id))
-        and ".." not in task_id
-        and not task_id.endswith((".lock", "."))
-    )
-
-
-def task_ref(task_id: str) -> str:
-    if not valid_task_id(task_id):
-        raise ValueError(f"invalid task id {task_id!r}")
-    return TASK_PREFIX + task_id
-
-
-def task_id_of(ref: str) -> str | None:
-    """The task id of a task ref, None for any other ref (including a nested task/a/b)."""
-    if not ref.startswith(TASK_PREFIX):
-        return None
-    tid = ref[len(TASK_PREFIX) :]
-    return tid if valid_task_id(tid) else None
 
 
 class NoSuchTask(LookupError):

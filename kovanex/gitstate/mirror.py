@@ -5,30 +5,43 @@ its connectivity before any ref we act on moves; then every real ref moves with 
 compare-and-swap against the value we saw, so a concurrent local write (a claim, a step
 commit) is never overwritten, and a non-fast-forward is refused unless asked for.
 
-The cluster token travels in `GIT_CONFIG_COUNT` environment config as an
-`Authorization: Bearer` header: argv is world-readable in `ps`, a process's environment is
-readable only by its user.
+The two halves are separate functions because they differ in kind (ADR 0016): the fetch is
+network I/O and may hang on a dead peer, so callers run it holding no lock; applying the
+staged refs is local, quick, and is where a caller re-checks that the peer it fetched from
+is still the one to follow. `fetch` does both, for callers with nothing to re-check.
+
+All git runs through `kovanex.gitstate.gitcli` (env hygiene, timeouts, the token in env).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-STAGING = "refs/kovanex/staging/"
-# Where a `sync` owner pushes quarantined objects before it acknowledges a write. Not under
-# `STAGING + "refs/"`, so a full fetch's --prune (which keeps that subtree equal to the
-# remote) never removes an acknowledged commit a replica holds only there.
-SYNC_STAGING = STAGING + "sync/"
-ZERO = "0" * 40
-TIMEOUT_S = 300.0
-_DROP_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_NAMESPACE")
+from kovanex.gitstate import gitcli
+from kovanex.gitstate.gitcli import ZERO, GitError
+from kovanex.gitstate.refs import STAGING, STAGING_REFS, SYNC_STAGING
 
+TIMEOUT_S = gitcli.NETWORK_TIMEOUT_S
+MirrorError = GitError  # git failed (network, auth, a missing remote ref); kept for callers
 
-class MirrorError(Exception):
-    """git failed (network, auth, a missing remote ref): stderr says why."""
+__all__ = [
+    "STAGING",
+    "SYNC_STAGING",
+    "ZERO",
+    "MirrorError",
+    "Fetched",
+    "PushResult",
+    "git_env",
+    "fetch",
+    "fetch_args",
+    "fetch_to_staging",
+    "apply_staged",
+    "push_lease",
+    "ls_remote",
+    "ls_remote_args",
+    "parse_ls_remote",
+]
 
 
 class Fetched(dict[str, str]):
@@ -46,55 +59,16 @@ class PushResult:
 
 
 def git_env(token: str | None) -> dict[str, str]:
-    """Our environment minus repo pointers, never prompting, with the token as env config."""
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["GIT_ASKPASS"] = "true"  # never ask a human; fail on 401 instead
-    env.pop("SSH_ASKPASS", None)
-    if token:
-        n = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
-        env[f"GIT_CONFIG_KEY_{n}"] = "http.extraHeader"
-        env[f"GIT_CONFIG_VALUE_{n}"] = f"Authorization: Bearer {token}"
-        env["GIT_CONFIG_COUNT"] = str(n + 1)
-    return env
-
-
-def _git(
-    args: list[str],
-    *,
-    token: str | None = None,
-    input: str | None = None,
-    check: bool = True,
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        ["git", *args],
-        env=git_env(token),
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd="/",
-    )
-    if check and proc.returncode != 0:
-        # argv carries no secret (the token is in env), so it may go into the message
-        raise MirrorError(f"git {' '.join(args)}: {proc.stderr.strip()}")
-    return proc
+    """The environment gitcli gives git (kept for callers and tests)."""
+    return gitcli.env(token)
 
 
 def _for_each_ref(repo: Path, prefix: str) -> dict[str, str]:
-    out = _git(
-        ["--git-dir", str(repo), "for-each-ref", "--format=%(objectname) %(refname)", prefix]
-    )
-    refs = {}
-    for line in out.stdout.splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
-    return refs
+    return gitcli.for_each_ref(repo, prefix)
 
 
 def _is_ancestor(repo: Path, old: str, new: str) -> bool:
-    r = _git(["--git-dir", str(repo), "merge-base", "--is-ancestor", old, new], check=False)
-    return r.returncode == 0
+    return gitcli.is_ancestor(repo, old, new)
 
 
 def _check_ref(ref: str) -> None:
@@ -102,47 +76,54 @@ def _check_ref(ref: str) -> None:
         raise ValueError(f"not a ref we mirror: {ref!r}")
 
 
-def fetch(
+def fetch_args(local_repo: Path, url: str, refs: list[str] | None) -> list[str]:
+    """The git arguments that fetch `refs` (None: every ref but the remote's staging) from
+    `url` into `local_repo`'s staging refs; `[]` when there is nothing to fetch."""
+    if refs is not None:
+        for r in refs:
+            _check_ref(r)
+        if not refs:
+            return []
+        opts, specs = [], [f"+{r}:{STAGING}{r}" for r in refs]
+    else:
+        # --prune keeps staging equal to the remote, so a ref deleted there is not revived
+        opts, specs = ["--prune"], [f"+refs/*:{STAGING_REFS}*", f"^{STAGING}*"]
+    return [
+        "--git-dir", str(local_repo),
+        "-c", "transfer.fsckObjects=true",
+        "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
+        "--no-recurse-submodules", *opts, url, *specs,
+    ]  # fmt: skip
+
+
+def fetch_to_staging(
     local_repo: Path,
     url: str,
     refs: list[str] | None = None,
     *,
     token: str | None,
-    force: bool = False,
-) -> Fetched:
-    """Mirror `refs` (None: every ref but the remote's staging) from `url` into `local_repo`.
+    timeout: float = TIMEOUT_S,
+) -> None:
+    """The network half: objects and staging refs only; no real ref moves."""
+    args = fetch_args(local_repo, url, refs)
+    if args:
+        gitcli.run(args, token=token, timeout=timeout)
 
-    Objects land first under `refs/kovanex/staging/<ref>`, which also records what the remote
-    held when we last looked. Then each ref moves from the value we read to the staged one,
-    only if it is a fast-forward (or `force`); a ref that moved under us meanwhile is left
-    alone and reported in `.refused`. Remote deletions are not mirrored.
-    """
-    if refs is not None:
-        for r in refs:
-            _check_ref(r)
-        if not refs:
-            return Fetched()
-        opts, specs = [], [f"+{r}:{STAGING}{r}" for r in refs]
-    else:
-        # --prune keeps staging equal to the remote, so a ref deleted there is not revived
-        opts, specs = ["--prune"], [f"+refs/*:{STAGING}refs/*", f"^{STAGING}*"]
-    _git(
-        [
-            "--git-dir", str(local_repo),
-            "-c", "transfer.fsckObjects=true",
-            "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-            "--no-recurse-submodules", *opts, url, *specs,
-        ],
-        token=token,
-    )  # fmt: skip
+
+def apply_staged(
+    local_repo: Path, refs: list[str] | None = None, *, force: bool = False
+) -> Fetched:
+    """The local half: move each real ref (of `refs`, None: all staged) from the value we
+    read to the staged one, if a fast-forward (or `force`); a ref that moved under us
+    meanwhile is left alone and reported in `.refused`. Remote deletions are not mirrored."""
     staged = {
         name[len(STAGING) :]: oid
-        for name, oid in _for_each_ref(local_repo, STAGING + "refs/").items()
+        for name, oid in _for_each_ref(local_repo, STAGING_REFS).items()
         if refs is None or name[len(STAGING) :] in refs
     }
     local = _for_each_ref(local_repo, "refs/")
     result = Fetched()
-    moves: list[tuple[str, str, str | None]] = []
+    moves: list[tuple[str, str | None, str | None]] = []
     for ref, new in sorted(staged.items()):
         old = local.get(ref)
         if old == new:
@@ -153,23 +134,36 @@ def fetch(
         moves.append((ref, new, old))
     if not moves:
         return result
-    if _update_refs(local_repo, moves):  # the common case: one atomic transaction
-        result.update({ref: new for ref, new, _ in moves})
+    if gitcli.update_ref_cas(local_repo, moves):  # the common case: one atomic transaction
+        result.update({ref: str(new) for ref, new, _ in moves})
         return result
     for move in moves:  # someone moved a ref under us: apply the others one by one
         ref, new, old = move
-        if _update_refs(local_repo, [move]):
-            result[ref] = new
+        if gitcli.update_ref_cas(local_repo, [move]):
+            result[ref] = str(new)
         else:
             result.refused[ref] = f"changed locally while fetching (expected {old or 'absent'})"
     return result
 
 
-def _update_refs(repo: Path, moves: list[tuple[str, str, str | None]]) -> bool:
-    """All of `moves` as one CAS transaction (`update-ref --stdin` is atomic)."""
-    lines = "".join(f"update {ref} {new} {old or ZERO}\n" for ref, new, old in moves)
-    r = _git(["--git-dir", str(repo), "update-ref", "--stdin"], input=lines, check=False)
-    return r.returncode == 0
+def fetch(
+    local_repo: Path,
+    url: str,
+    refs: list[str] | None = None,
+    *,
+    token: str | None,
+    force: bool = False,
+    timeout: float = TIMEOUT_S,
+) -> Fetched:
+    """Mirror `refs` (None: every ref but the remote's staging) from `url` into `local_repo`.
+
+    Objects land first under `refs/kovanex/staging/<ref>`, which also records what the remote
+    held when we last looked; then `apply_staged`.
+    """
+    if refs is not None and not refs:
+        return Fetched()
+    fetch_to_staging(local_repo, url, refs, token=token, timeout=timeout)
+    return apply_staged(local_repo, refs, force=force)
 
 
 def push_lease(
@@ -181,16 +175,26 @@ def push_lease(
     *,
     token: str | None,
     push_options: tuple[str, ...] | list[str] = (),
+    timeout: float = TIMEOUT_S,
 ) -> PushResult:
     """Push `new` to `ref` at `url` only if the remote still holds `expected_old` (None: the
     ref must not exist). `message` carries the remote's words (hook output, e.g. a
     pre-receive refusal) followed by git's one-line summary for the ref."""
     _check_ref(ref)
     lease = f"--force-with-lease={ref}:{expected_old or ''}"
-    args = ["--git-dir", str(local_repo), "push", "--porcelain", "--no-verify", lease]
+    args = ["push", "--porcelain", "--no-verify", lease]
     for opt in push_options:
         args += ["-o", opt]
-    proc = _git([*args, url, f"{new}:{ref}"], token=token, check=False)
+    try:
+        proc = gitcli.run(
+            [*args, url, f"{new}:{ref}"],
+            git_dir=local_repo,
+            token=token,
+            timeout=timeout,
+            check=False,
+        )
+    except gitcli.GitTimeout as e:
+        return PushResult(False, str(e))
     status = _porcelain_status(proc.stdout, ref)
     remote = [
         line.removeprefix("remote:").strip()
@@ -211,12 +215,21 @@ def _porcelain_status(stdout: str, ref: str) -> tuple[str, str] | None:
     return None
 
 
-def ls_remote(url: str, token: str | None) -> dict[str, str]:
+def ls_remote_args(url: str) -> list[str]:
+    return ["ls-remote", url]
+
+
+def parse_ls_remote(stdout: str) -> dict[str, str]:
     """The remote's refs (peeled `^{}` entries left out)."""
-    out = _git(["ls-remote", url], token=token)
     refs = {}
-    for line in out.stdout.splitlines():
+    for line in stdout.splitlines():
         oid, _, name = line.partition("\t")
         if name and not name.endswith("^{}"):
             refs[name] = oid
     return refs
+
+
+def ls_remote(url: str, token: str | None, *, timeout: float = TIMEOUT_S) -> dict[str, str]:
+    """The remote's refs (peeled `^{}` entries left out)."""
+    out = gitcli.run(ls_remote_args(url), token=token, timeout=timeout)
+    return parse_ls_remote(out.stdout)

@@ -14,13 +14,13 @@ node -> unit `pack-objects | index-pack` before a task, unit -> node
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 from pathlib import Path
 
+from kovanex.gitstate import gitcli
 from kovanex.runner.units import Unit
-from kovanex.runner.worktree import _GIT_CFG, WorktreeError
+from kovanex.runner.worktree import NODE_GIT_CONFIG, WorktreeError
 
 # Config for git run as the unit: command-line level, so the clone's own config
 # (which a step may have edited) cannot turn on hooks, fsmonitor or filters.
@@ -76,11 +76,11 @@ def _as_unit(unit: Unit, script: str, *args: str) -> list[str]:
 
 
 def _node_git(bare: Path, *args: str) -> list[str]:
-    return ["git", *_GIT_CFG, "--git-dir", str(bare), *args]
+    return gitcli.command(args, git_dir=bare, config=NODE_GIT_CONFIG)
 
 
 def _node_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return gitcli.env()
 
 
 def _pipe(
@@ -180,12 +180,7 @@ def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
     )
     if p_rc != 0 or c_rc != 0:
         raise WorktreeError(f"snapshot {clone}: copying objects into {bare}: {err.strip()}")
-    check = subprocess.run(
-        _node_git(bare.absolute(), "cat-file", "-t", tree),
-        env=_node_env(),
-        capture_output=True,
-        text=True,
-    )
+    check = gitcli.run(["cat-file", "-t", tree], git_dir=bare, config=NODE_GIT_CONFIG, check=False)
     if check.stdout.strip() != "tree":
         raise WorktreeError(f"snapshot {clone}: {tree} is not a tree in {bare}")
     return tree

@@ -24,7 +24,6 @@ import queue
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
 import threading
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 import pygit2
 from pygit2.enums import CheckoutStrategy, ConfigLevel
 
+from kovanex.gitstate import gitcli
+
 log = logging.getLogger("kovanex.worktree")
 
 PYGIT2 = "pygit2"
@@ -42,17 +43,12 @@ GIT_CLI = "git"
 
 # Snapshot exactly what the step left, minus .gitignore'd files: no user-level
 # excludes, no line-ending or filter rewriting, no hooks.
-_GIT_CFG = (
-    "-c",
-    "core.excludesFile=/dev/null",
-    "-c",
-    "core.autocrlf=false",
-    "-c",
-    "core.safecrlf=false",
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "gc.auto=0",
+NODE_GIT_CONFIG = (
+    ("core.excludesFile", "/dev/null"),
+    ("core.autocrlf", "false"),
+    ("core.safecrlf", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("gc.auto", "0"),
 )
 # The same overrides for libgit2, loaded at the highest config level (APP) of each
 # repository object we open, so they beat the user's ~/.gitconfig without ever
@@ -71,22 +67,17 @@ class WorktreeError(RuntimeError):
 
 
 def _git(*args: str | os.PathLike[str], cwd: Path | None = None, check: bool = True) -> str:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("GIT_") or k.startswith("GIT_CONFIG")
-    }
-    proc = subprocess.run(
-        ["git", *_GIT_CFG, *map(str, args)],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
-    if check and proc.returncode != 0:
-        raise WorktreeError(f"git {' '.join(map(str, args))}: {proc.stderr.strip()}")
-    return proc.stdout
+    try:
+        res = gitcli.run(
+            args,
+            cwd=cwd if cwd is not None else Path.cwd(),
+            config=NODE_GIT_CONFIG,
+            timeout=gitcli.CHECKOUT_TIMEOUT_S,
+            check=check,
+        )
+    except gitcli.GitError as e:
+        raise WorktreeError(f"git {' '.join(map(str, args))}: {e.stderr.strip()}") from None
+    return res.stdout
 
 
 _overrides_lock = threading.Lock()

@@ -1,0 +1,283 @@
+"""Known repo ownership: owner announcements, takeover, demotion, publishing (the shell).
+
+Gossip topic "owner", key = repo: {owner, epoch, replicas, level, wanted, http}; published by
+the owner. The decisions (adopt, ignore, out-shout, demote, take over, when) are the pure
+`kovanex.core.takeover` decider's; this class gathers its inputs (`Peers.state`) and executes
+its effects. Under a repo's lock it changes only memory and local refs, never waits on the
+network (ADR 0016): fetching from a new upstream is handed to the `ReplicaFetcher`, which
+runs it after the lock is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kovanex.agent.replica_fetch import ReplicaFetcher
+from kovanex.agent.replica_lag import ReplicaLag
+from kovanex.agent.replica_place import ReplicaPlacer
+from kovanex.agent.replica_runtime import Peers, Runtime, parse_owner
+from kovanex.core import takeover as decider
+from kovanex.core.replication import LEVELS, Ownership
+from kovanex.gitstate import gitcli
+from kovanex.gitstate.ownership import OwnershipConflict
+from kovanex.gitstate.refs import SYNC_STAGING
+from kovanex.gitstate.store import StaleEpoch
+from kovanex.net.gossip import MemberInfo
+
+log = logging.getLogger("kovanex.replica")
+_STATUS_OF_TOPIC = {"member-failed": "dead", "member-leave": "left"}
+
+
+class NotOwner(ValueError):
+    """Only the owner changes a repo's replication policy; the message names the owner."""
+
+
+class OwnershipService:
+    """Owner records in memory and on disk, and every change to them."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        peers: Peers,
+        fetcher: ReplicaFetcher,
+        lag: ReplicaLag,
+        placer: ReplicaPlacer,
+        *,
+        on_owned: Callable[[str], None],
+        settle_s: float,
+    ) -> None:
+        self.rt = rt
+        self.peers = peers
+        self.fetcher = fetcher
+        self.lag = lag
+        self.placer = placer
+        self.on_owned = on_owned
+        self.settle_s = settle_s
+
+    # -- publishing ----------------------------------------------------------------------
+    def publish(self, repo: str) -> None:
+        o = self.rt.known[repo]
+        self.rt.gossip.publish(
+            "owner",
+            repo,
+            {
+                "owner": o.owner,
+                "epoch": o.epoch,
+                "replicas": list(o.replicas),
+                "level": o.level,
+                "wanted": o.replicas_wanted,
+                "http": self.peers.http_url(),
+            },
+        )
+
+    async def snapshot_and_publish(self, repo: str) -> None:
+        await self.lag.snapshot(repo)
+        self.publish(repo)
+
+    # -- start-up and new repos ----------------------------------------------------------
+    async def adopt_local(self) -> dict[str, Ownership]:
+        """Read the records of our local repos (claiming unclaimed ones we may own);
+        returns what gossip had announced before we subscribed."""
+        announced = self.peers.gossip_owners()
+        for repo in self.rt.local_repos():
+            own = await self.rt.thread(self.rt.read_ownership, repo)
+            ann = announced.get(repo)
+            if own is None:
+                if ann is not None and ann.owner != self.rt.node:
+                    continue  # someone else's repo we hold a copy of: gossip decides
+                own = await self.claim(repo)
+            self.rt.known[repo] = own
+        return announced
+
+    async def announce_and_replay(self, announced: dict[str, Ownership]) -> None:
+        """Announce what we own (unless gossip knows better) and replay earlier news."""
+        for repo, o in sorted(self.rt.known.items()):
+            ann = announced.get(repo)
+            if o.owner == self.rt.node and (ann is None or ann.epoch <= o.epoch):
+                await self.snapshot_and_publish(repo)
+        for repo, ann in sorted(announced.items()):
+            known = self.rt.known.get(repo)
+            if known is None or ann.epoch > known.epoch or ann.owner != known.owner:
+                self.rt.spawn(self.on_owner(repo, ann, self.peers.http_of_value(repo)))
+
+    async def claim(self, repo: str) -> Ownership:
+        own = Ownership(self.rt.node, 1, (), "async", 1)
+        try:
+            await self.rt.thread(self.rt.write_ownership, repo, own, None)
+        except OwnershipConflict as e:
+            if e.current is None:
+                raise
+            return e.current
+        return own
+
+    async def created(self, repo: str) -> None:
+        """A new local repo: claim it (owner=self, epoch 1) unless claimed, and announce."""
+        async with self.rt.lock(repo):
+            own = await self.rt.thread(self.rt.read_ownership, repo)
+            if own is None:
+                own = await self.claim(repo)
+            self.rt.known[repo] = own
+        if own.owner == self.rt.node:
+            await self.snapshot_and_publish(repo)
+            await self.placer.place(repo)
+
+    async def set_policy(self, repo: str, level: str, replicas_wanted: int) -> Ownership:
+        """Change a repo's replication level/count (owner only), then re-place replicas."""
+        if level not in LEVELS:
+            raise ValueError(f"replication level {level!r} must be one of {LEVELS}")
+        async with self.rt.lock(repo):
+            o = self.rt.known.get(repo)
+            if o is None:
+                raise NotOwner(f"no repo {repo} is known here")
+            if o.owner != self.rt.node:
+                raise NotOwner(
+                    f"{self.rt.node} does not own {repo}; its owner is {o.owner} "
+                    f"(epoch {o.epoch}): run the command there"
+                )
+            cur = await self.rt.thread(self.rt.read_ownership, repo)
+            assert cur is not None
+            reps = cur.replicas if level != "none" else ()
+            new = Ownership(cur.owner, cur.epoch, reps, level, replicas_wanted)
+            await self.rt.thread(self.rt.write_ownership, repo, new, cur)
+            self.rt.known[repo] = new
+        self.publish(repo)
+        await self.placer.place(repo)
+        await self.lag.snapshot(repo)
+        return self.rt.known[repo]
+
+    # -- gossip events -------------------------------------------------------------------
+    def on_owner_msg(self, topic: str, payload: Any) -> None:
+        if getattr(payload, "origin", None) == self.rt.node:
+            return
+        own = parse_owner(payload.value)
+        if own is None:
+            return
+        self.rt.spawn(self.on_owner(payload.key, own, str(payload.value.get("http", ""))))
+
+    async def on_owner(self, repo: str, ann: Ownership, http: str) -> None:
+        """Execute the decider's answer to an owner announcement. Local work only under
+        the lock (ADR 0016); the fetch from the new upstream starts after it."""
+        if http:
+            self.peers.owner_http[ann.owner] = http
+        fetch: decider.FetchFrom | None = None
+        async with self.rt.lock(repo):
+            state = self.peers.state(self.settle_s)
+            for eff in decider.on_owner_announced(state, repo, ann):
+                if isinstance(eff, decider.PublishOwner):
+                    self.publish(repo)
+                elif isinstance(eff, decider.Demote):
+                    log.warning(
+                        "%s: %s took over at epoch %d; becoming a replica",
+                        repo,
+                        eff.theirs.owner,
+                        eff.theirs.epoch,
+                    )
+                    self.rt.known[repo] = eff.theirs
+                    self.lag.forget(repo)
+                    self.fetcher.resync_from(repo, eff.mine.epoch)
+                elif isinstance(eff, decider.Adopt):
+                    self.rt.known[repo] = eff.ownership
+                    if eff.resync_from is not None:
+                        self.fetcher.resync_from(repo, eff.resync_from)
+                elif isinstance(eff, decider.StopFetching):
+                    self.fetcher.cancel(repo)
+                elif isinstance(eff, decider.FetchFrom):
+                    if eff.create:
+                        await self.fetcher.create_copy_locked(repo)
+                    fetch = eff
+        if fetch is not None:
+            self.fetcher.want(repo, restart=fetch.restart)
+
+    def on_member_msg(self, topic: str, payload: Any) -> None:
+        if not isinstance(payload, MemberInfo) or payload.name == self.rt.node:
+            return
+        status = _STATUS_OF_TOPIC.get(topic, payload.status)
+        now = self.rt.clock.monotonic()
+        state = self.peers.state(self.settle_s)
+        for eff in decider.on_member_changed(state, payload.name, status, now):
+            if isinstance(eff, decider.Recheck):
+                self.rt.spawn(self._recheck(eff.repo, eff.at))
+            elif isinstance(eff, decider.PlaceReplicas):
+                self.rt.spawn(self.placer.place(eff.repo))
+
+    async def _recheck(self, repo: str, at: float) -> None:
+        """Let the last acks arrive so every replica ranks the same, then decide."""
+        delay = at - self.rt.clock.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.takeover_due(repo)
+
+    # -- takeover ------------------------------------------------------------------------
+    async def takeover_due(self, repo: str) -> None:
+        """If the decider says we take `repo` over: write the new record (CAS against our
+        disk), promote sync-acked commits, then announce and start owning."""
+        async with self.rt.lock(repo):
+            effects = decider.takeover_due(self.peers.state(self.settle_s), repo)
+            eff = next((e for e in effects if isinstance(e, decider.TakeOver)), None)
+            if eff is None or self.rt.known.get(repo) != eff.old:
+                return
+            local = await self.rt.thread(self.rt.read_ownership, repo)
+            if local is not None and (local.epoch > eff.old.epoch or local.owner == self.rt.node):
+                return  # our disk knows better than gossip: let the next pass re-read
+            # the record gossip carried (it may list newer replicas than our meta ref), CAS'd
+            # against what our disk holds
+            try:
+                await self.rt.thread(self.rt.write_ownership, repo, eff.new, local)
+            except (OwnershipConflict, StaleEpoch) as e:
+                self.rt.error(f"{repo}: takeover lost a race: {e}")
+                return
+            promoted = await self.rt.thread(self._promote_staging, repo)
+            self.rt.known[repo] = eff.new
+            self.fetcher.forget(repo)  # a fetch from the dead owner may still hang
+            log.warning(
+                "%s: took over from %s at epoch %d (promoted %s)",
+                repo,
+                eff.old.owner,
+                eff.new.epoch,
+                promoted,
+            )
+        await self.snapshot_and_publish(repo)
+        self.lag.refs_changed(repo)
+        try:
+            self.on_owned(repo)
+        except Exception as e:  # noqa: BLE001 - the agent's callback must not stop us
+            self.rt.error(f"{repo}: on_owned: {e}")
+        await self.placer.place(repo)
+
+    def _promote_staging(self, repo: str) -> dict[str, str]:
+        """Sync-acked commits become real refs when they descend from ours (or are new)."""
+        path = self.rt.path(repo)
+        out = {}
+        real = gitcli.for_each_ref(path)
+        for sref, oid in gitcli.for_each_ref(path, SYNC_STAGING).items():
+            ref = sref[len(SYNC_STAGING) :]
+            cur = real.get(ref)
+            if cur != oid and (cur is None or gitcli.is_ancestor(path, cur, oid)):
+                if gitcli.update_ref_cas(path, [(ref, oid, cur)]):
+                    out[ref] = oid
+            gitcli.update_ref_cas(path, [(sref, None, oid)])
+        return out
+
+    # -- the anti-entropy pass -----------------------------------------------------------
+    async def tick(self) -> None:
+        """Takeovers missed by events, missed copies, then for every repo we replicate:
+        compare with the owner and fetch what differs."""
+        state = self.peers.state(self.settle_s)
+        handled = set()
+        for eff in decider.tick(state):
+            if isinstance(eff, decider.TakeOver):
+                handled.add(eff.repo)
+                await self.takeover_due(eff.repo)
+            elif isinstance(eff, decider.FetchFrom) and eff.create:
+                handled.add(eff.repo)
+                async with self.rt.lock(eff.repo):
+                    await self.fetcher.create_copy_locked(eff.repo)
+                self.fetcher.want(eff.repo)
+        for repo, o in sorted(self.rt.known.items()):
+            if o.owner == self.rt.node or self.rt.node not in o.replicas or repo in handled:
+                continue
+            if state.status(o.owner) in decider.ALIVE and self.rt.path(repo).exists():
+                await self.fetcher.check_upstream(repo, o.owner)

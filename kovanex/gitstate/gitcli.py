@@ -1,0 +1,308 @@
+"""The one module that runs the git CLI (ADR 0017).
+
+Why one: every copy had its own idea of the environment (a hook's GIT_DIR or
+GIT_QUARANTINE_PATH leaking into a fetch of another repo), of timeouts (300 s for a
+fetch from a dead peer) and of errors (a return code here, an exception there). Here:
+
+- environment hygiene: repo pointers inherited from a hook are dropped, git never
+  prompts, the system config is not read, and a token travels as env config (argv is
+  world-readable in `ps`, a process's environment only by its user);
+- every call has a timeout; `GitTimeout` when it passes;
+- `GitError` carries the command (no secrets: they are in the env), the exit code and
+  stderr's last line;
+- `run_async` for network calls made from the event loop: cancelling the awaiting task
+  kills the git process group, so no thread and no lock outlives a hung peer (ADR 0016).
+
+pygit2 code (gitstate/pygit2store.py) stays in-process; this is for the CLI only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ZERO = "0" * 40
+
+# Timeouts, gathered here (seconds). LOCAL: a command on a local repo. NETWORK: a
+# fetch/push/ls-remote a client or runner waits for. REPLICA_FETCH: a replica's fetch from
+# its owner, short because a replica must notice a new owner quickly (ADR 0016); the first
+# copy of a repo moves every object and gets REPLICA_CLONE.
+LOCAL_TIMEOUT_S = 60.0
+CHECKOUT_TIMEOUT_S = 600.0  # worktree add / add -A on a big tree
+NETWORK_TIMEOUT_S = 300.0
+REPLICA_FETCH_TIMEOUT_S = 15.0
+REPLICA_CLONE_TIMEOUT_S = 120.0
+SYNC_PUSH_TIMEOUT_S = 5.0
+KILL_GRACE_S = 1.0  # SIGTERM (git removes its lock files), then SIGKILL
+
+# What a hook or a caller's shell may have set that points git at another repo or
+# changes what it does; never inherited.
+DROP_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_QUARANTINE_PATH",
+    "GIT_NAMESPACE",
+    "GIT_COMMON_DIR",
+    "GIT_PREFIX",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_REFLOG_ACTION",
+    "GIT_EXEC_PATH",
+    "GIT_CONFIG",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_PROTOCOL",
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_ASKPASS",
+    "SSH_ASKPASS",
+)
+_DROP_PREFIXES = ("GIT_PUSH_OPTION_",)
+
+
+class GitError(Exception):
+    """git exited non-zero: `args` (the git arguments), `returncode`, `stderr`."""
+
+    def __init__(self, args: Iterable[str], returncode: int, stderr: str) -> None:
+        self.git_args = list(args)
+        self.returncode = returncode
+        self.stderr = stderr
+        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        self.last_line = lines[-1] if lines else ""
+        super().__init__(f"git {' '.join(self.git_args)}: exit {returncode}: {self.last_line}")
+
+
+class GitTimeout(GitError):
+    """git did not finish within its timeout and was killed."""
+
+    def __init__(self, args: Iterable[str], timeout: float) -> None:
+        super().__init__(args, 124, f"timed out after {timeout}s")
+        self.timeout = timeout
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished git command (any exit code)."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def check(self) -> Result:
+        if self.returncode != 0:
+            raise GitError(self.args, self.returncode, self.stderr)
+        return self
+
+
+def env(token: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Our environment minus repo pointers, never prompting, no system config, with the
+    token as `http.extraHeader` env config; `extra` last (e.g. a quarantine's object dir)."""
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in DROP_ENV and not k.startswith(_DROP_PREFIXES)
+    }
+    out["GIT_TERMINAL_PROMPT"] = "0"
+    out["GIT_ASKPASS"] = "true"  # never ask a human; fail on 401 instead
+    out["GIT_CONFIG_NOSYSTEM"] = "1"
+    if token:
+        n = int(out.get("GIT_CONFIG_COUNT", "0") or 0)
+        out[f"GIT_CONFIG_KEY_{n}"] = "http.extraHeader"
+        out[f"GIT_CONFIG_VALUE_{n}"] = f"Authorization: Bearer {token}"
+        out["GIT_CONFIG_COUNT"] = str(n + 1)
+    out.update(extra or {})
+    return out
+
+
+def _argv(
+    args: Iterable[str | os.PathLike[str]],
+    git_dir: Path | str | None,
+    config: Iterable[tuple[str, str]] = (),
+) -> list[str]:
+    pre = [x for k, v in config for x in ("-c", f"{k}={v}")]
+    if git_dir is not None:  # absolute: git runs in `/` unless told otherwise
+        pre += ["--git-dir", os.path.abspath(git_dir)]
+    return [*pre, *map(str, args)]
+
+
+def command(
+    args: Iterable[str | os.PathLike[str]],
+    *,
+    git_dir: Path | str | None = None,
+    config: Iterable[tuple[str, str]] = (),
+) -> list[str]:
+    """The full argv (`git ...`) for callers that build pipelines with Popen themselves;
+    pair it with `env()`."""
+    return ["git", *_argv(args, git_dir, config)]
+
+
+def run(
+    args: Iterable[str | os.PathLike[str]],
+    *,
+    git_dir: Path | str | None = None,
+    input: str | None = None,
+    timeout: float = LOCAL_TIMEOUT_S,
+    token: str | None = None,
+    env_extra: Mapping[str, str] | None = None,
+    check: bool = True,
+    cwd: Path | str | None = None,
+    config: Iterable[tuple[str, str]] = (),
+) -> Result:
+    """Run `git [-c k=v]... [--git-dir D] args...` (blocking) in `cwd` (default `/`, so
+    no repo is found by accident). Raises GitTimeout on timeout and, with `check`,
+    GitError on a non-zero exit."""
+    argv = _argv(args, git_dir, config)
+    try:
+        p = subprocess.run(
+            ["git", *argv],
+            env=env(token, env_extra),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=str(cwd) if cwd is not None else "/",
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise GitTimeout(argv, timeout) from None
+    res = Result(argv, p.returncode, p.stdout, p.stderr)
+    return res.check() if check else res
+
+
+async def run_async(
+    args: Iterable[str],
+    *,
+    git_dir: Path | str | None = None,
+    input: str | None = None,
+    timeout: float = NETWORK_TIMEOUT_S,
+    token: str | None = None,
+    env_extra: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> Result:
+    """`run` for the event loop: no thread, and cancelling the caller (or the timeout)
+    terminates git's whole process group (git-remote-http included) before returning."""
+    argv = _argv(args, git_dir)
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        *argv,
+        env=env(token, env_extra),
+        stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd="/",
+        start_new_session=True,
+    )
+    data = input.encode() if input is not None else None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+    except TimeoutError:
+        await _terminate(proc)
+        raise GitTimeout(argv, timeout) from None
+    except asyncio.CancelledError:
+        await asyncio.shield(_terminate(proc))
+        raise
+    res = Result(
+        argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+    return res.check() if check else res
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the group (git removes its lock files), SIGKILL what is left after a grace,
+    and once the leader is gone SIGKILL the group again, so no orphaned helper
+    (git-remote-http) outlives the call."""
+    try:
+        if proc.returncode is None:
+            for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+                os.killpg(proc.pid, sig)
+                try:
+                    await asyncio.wait_for(proc.wait(), wait)
+                    break
+                except TimeoutError:
+                    continue
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# -- helpers on a local repo -----------------------------------------------------------
+def for_each_ref(git_dir: Path | str, prefix: str = "refs/") -> dict[str, str]:
+    """ref -> oid for every ref under `prefix`."""
+    out = run(["for-each-ref", "--format=%(objectname) %(refname)", prefix], git_dir=git_dir)
+    refs = {}
+    for line in out.stdout.splitlines():
+        oid, _, name = line.partition(" ")
+        if name:
+            refs[name] = oid
+    return refs
+
+
+def is_ancestor(git_dir: Path | str, old: str, new: str) -> bool:
+    """Whether `new` descends from (or is) `old`."""
+    r = run(["merge-base", "--is-ancestor", old, new], git_dir=git_dir, check=False)
+    return r.returncode == 0
+
+
+def update_ref_cas(
+    git_dir: Path | str, moves: Iterable[tuple[str, str | None, str | None]]
+) -> bool:
+    """All of `moves` (ref, new, expected old; new=None deletes, old=None: must not exist)
+    as one atomic `update-ref --stdin` transaction; False if any expectation failed."""
+    lines = []
+    for ref, new, old in moves:
+        if new is None:
+            lines.append(f"delete {ref} {old or ''}".rstrip() + "\n")
+        else:
+            lines.append(f"update {ref} {new} {old or ZERO}\n")
+    if not lines:
+        return True
+    return run(["update-ref", "--stdin"], git_dir=git_dir, input="".join(lines), check=False).ok
+
+
+def rev_parse(git_dir: Path | str, rev: str) -> str | None:
+    r = run(["rev-parse", "--verify", "-q", rev], git_dir=git_dir, check=False)
+    return r.stdout.strip() or None if r.ok else None
+
+
+# Config every bare repo Kovanex serves gets: push options reach the hooks, objects are
+# checked on receive, reflogs kept for forensics, and no gc racing the agent.
+BARE_CONFIG = (
+    ("receive.advertisePushOptions", "true"),
+    ("receive.fsckObjects", "true"),
+    ("core.logAllRefUpdates", "true"),
+    ("gc.auto", "0"),
+)
+
+
+def create_bare(
+    path: Path,
+    *,
+    config: Iterable[tuple[str, str]] = BARE_CONFIG,
+    atomic: bool = True,
+) -> Path:
+    """Create a bare repo at `path` with `config`. `atomic`: build it beside the target and
+    rename, so a repo appears complete or not at all (the agent globs `*.git`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp") if atomic else path
+    if atomic and tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    run(["init", "-q", "--bare", str(tmp)])
+    for key, val in config:
+        run(["config", key, val], git_dir=tmp)
+    if atomic:
+        tmp.rename(path)
+    return path

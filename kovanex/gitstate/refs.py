@@ -1,0 +1,91 @@
+"""The one module that names refs (ADR 0017): every ref prefix Kovanex reads or writes.
+
+Why one: prefixes were spelled out in a dozen modules ("refs/heads/task/" in the ledger,
+the daemon, failover, the CLI, pushcheck), so a rename or a new namespace meant a grep and
+a hope. Stdlib-only and import-light: the hooks' slow path and pushcheck import it.
+
+Layout:
+- `refs/heads/task/<id>`: one task's ledger branch (`task_ref`, `task_id_of`).
+- `refs/kovanex/meta`: the repo's ownership record (defined by the pure core, re-exported).
+- `refs/kovanex/staging/refs/...`: what a replica last fetched from its owner, before apply.
+- `refs/kovanex/staging/sync/<ref>`: commits a `sync` owner pushed and a replica acked;
+  outside `staging/refs/` so a full fetch's --prune never removes them.
+- `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
+  the new owner lacks (forensics; never mirrored).
+- `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kovanex.core.replication import META_REF
+
+REFS = "refs/"
+HEADS = "refs/heads/"
+TASK_PREFIX = "refs/heads/task/"
+KOVANEX = "refs/kovanex/"
+STAGING = "refs/kovanex/staging/"
+STAGING_REFS = STAGING + "refs/"
+SYNC_STAGING = STAGING + "sync/"
+LOST = "refs/kovanex/lost/"
+SKIP_PREFIX = "refs/kovanex/skip/"
+
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def valid_task_id(task_id: str) -> bool:
+    """The id pattern, minus what git refuses in a ref name ("..", a ".lock" or "." ending)."""
+    return (
+        bool(_TASK_ID.match(task_id))
+        and ".." not in task_id
+        and not task_id.endswith((".lock", "."))
+    )
+
+
+def task_ref(task_id: str) -> str:
+    if not valid_task_id(task_id):
+        raise ValueError(f"invalid task id {task_id!r}")
+    return TASK_PREFIX + task_id
+
+
+def task_id_of(ref: str) -> str | None:
+    """The task id of a task ref, None for any other ref (including a nested task/a/b)."""
+    if not ref.startswith(TASK_PREFIX):
+        return None
+    tid = ref[len(TASK_PREFIX) :]
+    return tid if valid_task_id(tid) else None
+
+
+def lost_ref(epoch: int, ref: str) -> str:
+    """Where `ref`'s old value is kept when the owner of epoch `epoch` is superseded."""
+    return f"{LOST}{epoch}/{ref}"
+
+
+def sync_staging_ref(ref: str) -> str:
+    return SYNC_STAGING + ref
+
+
+def mirrored(refs: dict[str, str]) -> dict[str, str]:
+    """The refs replication keeps equal: not scratch staging, not local forensics."""
+    return {r: o for r, o in refs.items() if not r.startswith((STAGING, LOST))}
+
+
+__all__ = [
+    "HEADS",
+    "KOVANEX",
+    "LOST",
+    "META_REF",
+    "REFS",
+    "SKIP_PREFIX",
+    "STAGING",
+    "STAGING_REFS",
+    "SYNC_STAGING",
+    "TASK_PREFIX",
+    "lost_ref",
+    "mirrored",
+    "sync_staging_ref",
+    "task_id_of",
+    "task_ref",
+    "valid_task_id",
+]
