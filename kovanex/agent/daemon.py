@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex import modules
+from kovanex import nodemodules as modules
 from kovanex import spec as specmod
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.control import ControlServer
