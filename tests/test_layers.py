@@ -55,9 +55,23 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kovanex.net", _UPPER),
     ("kovanex.runner", _UPPER),
     ("kovanex.health", _UPPER),
-    # The simulator runs the pure cores (and the pure wire codec) on a virtual clock;
-    # it must never reach a real shell.
-    ("kovanex.sim", (*_UPPER, "kovanex.runner", "kovanex.gitstate", "kovanex.health")),
+    # The simulator runs the pure cores, the pure wire codec and the in-memory ref store
+    # on a virtual clock; it must never reach a real shell (processes, sockets, git).
+    (
+        "kovanex.sim",
+        (
+            *_UPPER,
+            "kovanex.runner",
+            "kovanex.health",
+            "kovanex.gitstate.pygit2store",
+            "kovanex.gitstate.mirror",
+            "kovanex.gitstate.gitcli",
+            "kovanex.net.gossip",
+            "kovanex.net.transport",
+            "kovanex.net.node",
+            "kovanex.net.githttp",
+        ),
+    ),
     ("kovanex.agent", ("kovanex.cli",)),
     # Shared top-level modules sit below the agent and the CLI: both import them.
     *(
@@ -137,7 +151,7 @@ def imports(pkg: Path) -> list[Import]:
                     # `from kovanex import cli` imports the module kovanex.cli.
                     sub = f"{src}.{a.name}"
                     found.append(Import(name, sub if sub in mods else src, node.lineno))
-    return found
+    return list(dict.fromkeys(found))  # `from m import a, b` is one import of m
 
 
 def _under(name: str, layer: str) -> bool:
