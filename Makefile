@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench clean
+.PHONY: demo test lint fmt bench wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,5 +27,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
+wheel: $(STAMP)  # dist/kovanex-*.whl, with hooks/ and templates/ inside (ADR 0018)
+	$(BIN)/pip wheel -q --no-deps -w dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info

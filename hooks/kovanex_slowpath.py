@@ -13,7 +13,7 @@ def main() -> int:
     lines = [ln for ln in sys.stdin.read().splitlines() if ln.strip()]
     n = int(os.environ.get("GIT_PUSH_OPTION_COUNT", "0") or 0)
     opts = [os.environ.get(f"GIT_PUSH_OPTION_{i}", "") for i in range(n)]
-    from kovanex.hookslow import run
+    from kovanex.hook_fallback import run
 
     return run(phase, data_dir, os.getcwd(), os.environ.get("GIT_QUARANTINE_PATH"), lines, opts)
 

@@ -1,18 +1,30 @@
-"""Where the shipped hooks and templates live (source checkout or installed data files)."""
+"""Where the shipped hooks and templates live: in the wheel, or in the source checkout.
+
+The repo keeps hooks/ and templates/ at its top; a built wheel carries copies as package
+data in kovanex/_data/ (setup.py, ADR 0018). An editable install has no copies and reads
+the checkout's folders. Both must be real directories: a hook runs
+`kovanex_slowpath.py` by its absolute path, so a zipped install is not supported.
+"""
 
 from __future__ import annotations
 
 import sys
+from importlib.resources import files
 from pathlib import Path
 
-_SRC = Path(__file__).resolve().parent.parent
+_CHECKOUT = Path(__file__).resolve().parent.parent
+_MARKER = {"hooks": "pre-receive", "templates": "shell.toml"}
 
 
 def _find(name: str) -> Path:
-    for base in (_SRC / name, Path(sys.prefix) / "share" / "kovanex" / name):
-        if base.is_dir():
+    shipped = Path(str(files("kovanex"))) / "_data" / name
+    for base in (shipped, _CHECKOUT / name):
+        if (base / _MARKER[name]).is_file():
             return base
-    raise FileNotFoundError(f"kovanex {name}/ not found; reinstall with `pip install -e .`")
+    raise FileNotFoundError(
+        f"kovanex {name}/ not found in {shipped} nor {_CHECKOUT / name}; "
+        "reinstall kovanex (pip install kovanex-*.whl, or pip install -e . in a checkout)"
+    )
 
 
 def hooks_dir() -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kovanex import config as cfgmod
-from kovanex import modules as modmod
+from kovanex import nodemodules as modmod
 from kovanex.agent.control import ControlError, ControlServer
 from kovanex.agent.healthsvc import HealthService
 from kovanex.core.health import METRICS

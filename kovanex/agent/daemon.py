@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex import modules
+from kovanex import nodemodules as modules
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer

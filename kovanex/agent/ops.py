@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from kovanex import config as cfgmod
-from kovanex import modules
+from kovanex import nodemodules as modules
 from kovanex.agent import serverplace
 from kovanex.agent.control import ControlError
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import psutil
 
-from kovanex import modules as nodemodules
+from kovanex import nodemodules
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex

@@ -10,10 +10,10 @@ from kovanex import __version__
 from kovanex import config as cfgmod
 from kovanex.cli import (
     clustercmd,
-    misccmd,
     nodecmd,
     repocmd,
     schedcmd,
+    schemacmd,
     taskcmd,
     tokencmd,
     unitcmd,
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         nodecmd,
         repocmd,
         taskcmd,
-        misccmd,
+        schemacmd,
         clustercmd,
         schedcmd,
         unitcmd,

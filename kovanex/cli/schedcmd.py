@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex import modules as modmod
+from kovanex import nodemodules as modmod
 from kovanex.agent import control
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core.graph import ClusterGraph

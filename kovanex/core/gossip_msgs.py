@@ -3,7 +3,8 @@
 Messages are frozen dataclasses (h11 style). `to_wire`/`from_wire` map them to
 plain msgpack arrays `[type, field...]`; `from_wire` validates every field so
 a hostile packet becomes a ValueError, never a half-built message. Sizes are
-computed here (msgpack is pure) so the core can fill packets to a byte budget.
+computed here without msgpack (core/wiresize.py) so the core can fill packets to a
+byte budget; the bytes themselves are made in kovanex/net/codec.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+from kovanex.core.wiresize import msgpack_size
 
 Addr = tuple[str, int]
 
@@ -255,13 +256,9 @@ def from_wire(v: Any) -> Msg:
     raise ValueError(f"unknown message type {t!r}")
 
 
-def pack(m: Msg) -> bytes:
-    return msgpack.packb(to_wire(m), use_bin_type=True)
-
-
 def encoded_size(m: Msg) -> int:
     """Exact msgpack size of one message (what the packet budget counts)."""
-    return len(pack(m))
+    return msgpack_size(to_wire(m))
 
 
 @dataclass(frozen=True, slots=True)

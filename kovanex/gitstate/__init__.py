@@ -1,7 +1,7 @@
 """Git as the state store: refs with compare-and-swap, task branches as ledgers.
 
 `Pygit2Store` is imported lazily: hooks import `kovanex.gitstate.trailers`, which runs this
-file, and must not pay the 80-130 ms pygit2 import (ARCHITECTURE.md section 2).
+file, and must not pay the 80-130 ms pygit2 import (docs/ARCHITECTURE.md section 2).
 """
 
 from __future__ import annotations

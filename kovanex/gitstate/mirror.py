@@ -1,6 +1,6 @@
 """Ref mirroring between nodes with the git CLI: fetch into staging, then CAS each ref.
 
-Why staging (Radicle's model, ARCHITECTURE.md section 5): `git fetch` verifies the pack and
+Why staging (Radicle's model, docs/ARCHITECTURE.md section 5): `git fetch` verifies the pack and
 its connectivity before any ref we act on moves; then every real ref moves with a
 compare-and-swap against the value we saw, so a concurrent local write (a claim, a step
 commit) is never overwritten, and a non-fast-forward is refused unless asked for.

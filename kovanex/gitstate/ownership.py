@@ -4,7 +4,7 @@ The ref points at a commit whose tree holds `ownership.json` and whose message c
 `Kovanex-Owner` / `Kovanex-Owner-Epoch` trailers, so `git log refs/kovanex/meta` is the
 ownership history and the record replicates with the repo like any other ref. Writes are a
 compare-and-swap on that ref plus an epoch rule (fencing, as for task leases,
-ARCHITECTURE.md section 2): a new owner needs a higher epoch; at the same epoch only the same
+docs/ARCHITECTURE.md section 2): a new owner needs a higher epoch; at the same epoch only the same
 owner may change its replication level or replica set.
 """
 

@@ -2,7 +2,7 @@
 
 A `RefStore` is a content-addressed object store plus refs with compare-and-swap. Nothing in
 it is check-then-act: `cas_ref` is the only way to move a ref, and it fails loudly when the
-ref is not what the caller last read (ARCHITECTURE.md section 2, "Claims are compare-and-swap").
+ref is not what the caller last read (docs/ARCHITECTURE.md section 2, "Claims are compare-and-swap").
 """
 
 from __future__ import annotations

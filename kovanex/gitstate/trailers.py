@@ -1,7 +1,7 @@
 """Commit messages with a git trailer block: build them and parse them back.
 
 Stdlib only, on purpose: the push-path hook imports this module and must start in a couple of
-milliseconds (ARCHITECTURE.md section 2), so nothing here may pull in pygit2 or jsonschema.
+milliseconds (docs/ARCHITECTURE.md section 2), so nothing here may pull in pygit2 or jsonschema.
 The shape is the one `git interpret-trailers --parse` understands, so `git log` users and
 kovanex agree on what a commit says.
 """

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from kovanex.core.gossip_msgs import Msg, from_wire, pack
+from kovanex.core.gossip_msgs import Msg, from_wire, to_wire
 from kovanex.net.keyring import Keyring
 
 VERSION = 0x01
@@ -30,6 +30,11 @@ MAX_STREAM = 32 * 1024 * 1024
 WINDOW = 1024
 MAX_SENDERS = 100_000
 _CRC = struct.Struct(">I")
+
+
+def pack(m: Msg) -> bytes:
+    """One message's msgpack bytes (core.gossip_msgs.encoded_size predicts the length)."""
+    return msgpack.packb(to_wire(m), use_bin_type=True)
 
 
 @dataclass(slots=True)

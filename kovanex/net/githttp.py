@@ -2,7 +2,7 @@
 
 Why CGI and not our own pack code: http-backend is the reference implementation of the smart
 protocol (v0 and v2), runs receive-pack with the repo's hooks and quarantine, and costs one
-short process per request, which is what a push costs anyway (ARCHITECTURE.md section 2).
+short process per request, which is what a push costs anyway (docs/ARCHITECTURE.md section 2).
 Our part is the HTTP/1.1 framing, the credential check (httpauth.py: the cluster secret for
 nodes, user tokens by scope for people) and streaming bodies both ways.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kovanex import config as cfgmod
-from kovanex import modules as modmod
+from kovanex import nodemodules as modmod
 from tests.agentkit import kx
 
 SEED = {
