@@ -108,7 +108,6 @@ PLAIN_BASES = frozenset(
 )
 
 
-
 @dataclass(frozen=True, slots=True)
 class Import:
     module: str  # the importing module, e.g. kovanex.core.task
