@@ -11,7 +11,6 @@ import asyncio
 import collections
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -214,7 +213,7 @@ class Cluster:
     # -- events ------------------------------------------------------------------------
     def record(self, kind: str, data: dict[str, Any]) -> None:
         self.seq += 1
-        self.events.append({"seq": self.seq, "time": time.time(), "kind": kind, **data})
+        self.events.append({"seq": self.seq, "time": self.ctx.clock.time(), "kind": kind, **data})
 
     def since(self, seq: int) -> list[dict[str, Any]]:
         return [e for e in self.events if e["seq"] > seq]

@@ -72,6 +72,7 @@ class Agent:
             runner_total_fn=lambda: self.runs.slots.total,
             runner_free_fn=lambda: self.runs.slots.free,
             queue_depth_fn=lambda: len(self.scheduler.pending),
+            clock=ctx.clock,
         )
         self.ops = ControlOps(self)  # the request surface; it reads the services below
         self.book = TokenBook(layout.tokens_file)

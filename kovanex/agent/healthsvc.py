@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kovanex.clock import SYSTEM, Clock
 from kovanex.core.health import METRICS, HealthMatrix
 from kovanex.health.sampler import Sampler
 
@@ -48,7 +49,9 @@ class HealthService:
         probe_path: Path | None = None,
         interval_s: float = 1.0,
         window: int = 5,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self.clock = clock
         self.data_dir = Path(data_dir)
         self.runner_total_fn = runner_total_fn
         self.probe_path = Path(probe_path) if probe_path is not None else None
@@ -107,7 +110,7 @@ class HealthService:
         """Take one sample into the matrix; time never runs backwards in the matrix."""
         vec = self.sampler.sample()
         last = self._matrix.last_time
-        now = time.time()
+        now = self.clock.time()
         self._matrix.push(now if last is None else max(now, last), vec)
         return vec
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kovanex.clock import SYSTEM, Clock
 from kovanex.core import task as taskcore
 from kovanex.gitstate import gitcli, mirror
 from kovanex.gitstate.ledger import TaskLedger, task_ref
@@ -32,7 +33,15 @@ def ensure_cache(path: Path) -> Path:
 class RemoteLedger:
     """TaskLedger-compatible view of one task on its owner; methods block (run in a thread)."""
 
-    def __init__(self, cache: Path, owner_url: Callable[[], str], token: str, node: str) -> None:
+    def __init__(
+        self,
+        cache: Path,
+        owner_url: Callable[[], str],
+        token: str,
+        node: str,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.clock = clock
         self.cache = ensure_cache(cache)
         self.owner_url = owner_url
         self.token = token
@@ -86,7 +95,7 @@ class RemoteLedger:
         """CAS-push `new` over `expected`. A refusal because the lease moved is final; a
         transport failure (the owner died and a replica is taking over) is retried against
         whoever owns the repo now, until TAKEOVER_WAIT_S passes."""
-        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        deadline = self.clock.monotonic() + TAKEOVER_WAIT_S
         delay = 0.1
         last = ""
         while True:
@@ -110,7 +119,7 @@ class RemoteLedger:
                         expected = remote
                         continue
                 raise CasConflict(ref, expected, remote or f"refused: {last}")
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 raise CasConflict(ref, expected, f"owner unreachable: {last}")
             time.sleep(delay)  # backoff between attempts while ownership moves
             delay = min(delay * 2, 2.0)

@@ -79,6 +79,7 @@ class RemoteRuns:
                 lambda: self.owner_url(repo),
                 self.ctx.token,
                 self.ctx.name,
+                clock=self.ctx.clock,
             )
         except Exception as e:  # noqa: BLE001 - e.g. the cache dir is unusable
             log.warning("%s/%s: cannot prepare a cache repo: %s", repo, task_id, e)
