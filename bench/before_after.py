@@ -1,0 +1,73 @@
+"""Run one benchmark in two checkouts, alternately, in the same run: is a change slower?
+
+    python -m bench.before_after --before /path/to/old/checkout -- bench.push_bench --pushes 20
+
+Each checkout runs the benchmark with its own `.venv` (its own code), round by round
+(before, after, before, after, ...), so both see the same machine load. The figures of
+the benchmark's markdown table are collected per round, and the medians are printed side
+by side with the after/before ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def rows(text: str) -> dict[str, float]:
+    """figure -> first number of the `kovanex` column, from a markdown table."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] in ("figure", "") or set(cells[0]) <= {"-"}:
+            continue
+        try:
+            out[cells[0]] = float(cells[1].split()[0])
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def run(checkout: Path, module: list[str]) -> dict[str, float]:
+    py = checkout / ".venv" / "bin" / "python"
+    res = subprocess.run(
+        [str(py), "-m", *module], cwd=checkout, capture_output=True, text=True, timeout=1800
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"{checkout}: {' '.join(module)} failed:\n{res.stderr[-2000:]}")
+    return rows(res.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", type=Path, required=True, help="checkout of the old code")
+    ap.add_argument("--after", type=Path, default=HERE, help="checkout of the new code")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("module", nargs=argparse.REMAINDER, help="-- bench.module [args]")
+    a = ap.parse_args()
+    module = [m for m in a.module if m != "--"]
+    if not module:
+        ap.error("name the benchmark module after --")
+    got: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    for i in range(a.rounds):
+        for side, path in (("before", a.before), ("after", a.after)):
+            print(f"round {i + 1}/{a.rounds}: {side} ({path})", file=sys.stderr, flush=True)
+            got[side].append(run(path, module))
+    names = [k for k in got["after"][0] if all(k in r for r in got["before"] + got["after"])]
+    print(f"`{' '.join(module)}`, {a.rounds} rounds each, alternating; medians\n")
+    print("| figure | before | after | after/before |")
+    print("|---|---|---|---|")
+    for k in names:
+        b = statistics.median(r[k] for r in got["before"])
+        f = statistics.median(r[k] for r in got["after"])
+        print(f"| {k} | {b:.1f} | {f:.1f} | {f / b:.2f} |" if b else f"| {k} | {b} | {f} | - |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
