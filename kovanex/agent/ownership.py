@@ -104,7 +104,7 @@ class OwnershipService:
                 self.rt.spawn(self.on_owner(repo, ann, self.peers.http_of_value(repo)))
 
     async def claim(self, repo: str) -> Ownership:
-        own = Ownership(self.rt.node, 1, (), "async", 1)
+        own = decider.first_claim(self.rt.node)
         try:
             await self.rt.thread(self.rt.write_ownership, repo, own, None)
         except OwnershipConflict as e:

@@ -238,7 +238,19 @@ class ReplicaManager:
 
     # -- owner side: calls from the agent ----------------------------------------------
     def created(self, repo: str) -> asyncio.Task[None]:
-        """A new local repo: claim it (owner=self, epoch 1) unless claimed, and announce."""
+        """A new local repo: claim it (owner=self, epoch 1) unless claimed, and announce.
+
+        `kovanex repo create` writes the claim itself and then tells the agent, whose next
+        step may be a push: so the record is read here, before returning (one ref read on
+        the loop), and the push finds us the owner; the rest runs in the task."""
+        if repo not in self.rt.known and self.path(repo).exists():
+            try:
+                own = self.rt.read_ownership(repo)
+            except (OSError, ValueError) as e:
+                self.rt.error(f"{repo}: reading ownership: {e}")
+                own = None
+            if own is not None:
+                self.rt.known[repo] = own
         return self.rt.spawn(self.ownership.created(repo))
 
     def refs_changed(self, repo: str, refs: dict[str, str] | None = None) -> asyncio.Task[None]:

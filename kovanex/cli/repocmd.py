@@ -41,7 +41,9 @@ def install_hooks(repo: Path, layout: cfgmod.Layout) -> None:
     paths.install_hooks(repo, layout.root)
 
 
-def create_repo(layout: cfgmod.Layout, name: str) -> Path:
+def create_repo(layout: cfgmod.Layout, name: str, owner: str | None = None) -> Path:
+    """A bare repo with hooks; with `owner`, its first ownership record too, so the agent
+    knows it owns the repo as soon as it hears of it (a push may follow at once)."""
     if not REPO_RE.match(name):
         raise CliError(f"repo name {name!r} must match {REPO_RE.pattern}")
     path = layout.repo(name)
@@ -50,7 +52,22 @@ def create_repo(layout: cfgmod.Layout, name: str) -> Path:
     gitcli.create_bare(path)  # the same bare repo a replica gets (config, atomic)
     install_hooks(path, layout)
     (path / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        _claim(path, owner)
     return path
+
+
+def _claim(path: Path, owner: str) -> None:
+    from kovanex.core.takeover import first_claim
+    from kovanex.gitstate.ownership import OwnershipConflict, write_ownership
+    from kovanex.gitstate.pygit2store import Pygit2Store
+
+    own = first_claim(owner)
+    try:
+        write_ownership(Pygit2Store(str(path)), own, None)
+    except OwnershipConflict as e:  # a running agent claimed it first: fine if it is us
+        if e.current is None or e.current.owner != owner:
+            raise CliError(f"repo {path.name} is claimed by {e.current}") from None
 
 
 def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
@@ -60,7 +77,7 @@ def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
             f"node {cfg.name} has role {cfg.role}; only FULL and STORAGE nodes own repos. "
             "Create the repo on a full or storage node"
         )
-    path = create_repo(layout, args.name)
+    path = create_repo(layout, args.name, owner=cfg.name)
     print(f"created repo {args.name} with Kovanex hooks at {path}")
     try:
         from kovanex.agent import control

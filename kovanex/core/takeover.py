@@ -203,6 +203,12 @@ Effect = (
 
 
 # -- decisions ---------------------------------------------------------------------------
+def first_claim(node: str) -> Ownership:
+    """The record a node writes for a repo it creates (or finds unclaimed on its disk):
+    epoch 1, async, one replica wanted."""
+    return Ownership(node, 1, (), "async", 1)
+
+
 def decide(state: NodeState, event: Event, now: float) -> list[Effect]:
     """The one entry point: effects for `event` as seen by `state.me` at `now`."""
     if isinstance(event, OwnerAnnounced):
@@ -325,6 +331,7 @@ __all__ = [
     "TakeoverDue",
     "Tick",
     "decide",
+    "first_claim",
     "on_member_changed",
     "on_owner_announced",
     "place",
