@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CITE = re.compile(r'docs/ARCHITECTURE\.md section (\d+)(?:, "([^"]+)")?')
+BARE = re.compile(r"(?<!docs/)ARCHITECTURE\.md")
 
 
 def cited_sections_missing(doc: str, sources: dict[str, str]) -> list[str]:
@@ -14,6 +15,8 @@ def cited_sections_missing(doc: str, sources: dict[str, str]) -> list[str]:
     numbers = {h.split(".")[0] for h in headings if h[0].isdigit()}
     missing = []
     for name, text in sources.items():
+        if BARE.search(text):
+            missing.append(f"{name}: cite docs/ARCHITECTURE.md (the file is there)")
         for number, title in CITE.findall(" ".join(text.split())):
             if number not in numbers:
                 missing.append(f"{name}: section {number}")
@@ -38,5 +41,10 @@ def test_a_citation_of_a_missing_section_is_reported() -> None:
     src = {
         "a.py": 'see docs/ARCHITECTURE.md section 9 and docs/ARCHITECTURE.md section 2, "Nope"',
         "b.py": 'docs/ARCHITECTURE.md section 2, "Claims are compare-and-swap" is fine',
+        "c.py": "(ARCHITECTURE.md section 1)",
     }
-    assert cited_sections_missing(doc, src) == ["a.py: section 9", "a.py: section 2, 'Nope'"]
+    assert cited_sections_missing(doc, src) == [
+        "a.py: section 9",
+        "a.py: section 2, 'Nope'",
+        "c.py: cite docs/ARCHITECTURE.md (the file is there)",
+    ]

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,7 +131,9 @@ def test_wheel_installed_outside_the_checkout_runs_a_task(tmp_path: Path) -> Non
         return state(task)
 
     units = ("--units-root", units_root()) if os.geteuid() == 0 else ()
-    kx("init", "--name", f"whl-{uuid.uuid4().hex[:6]}", "--bind", "127.0.0.1:0", *units)
+    # A fixed name, like the other tests' n1/n2: as root, units are Unix users named by
+    # node, and a fresh name per run would add two users to the host each time.
+    kx("init", "--name", "wheel1", "--bind", "127.0.0.1:0", *units)
     clone = home / "demo"
     with running_agent(kovanex, data, home, env):
         url = kx("repo", "create", "demo").stdout.strip().splitlines()[-1]
