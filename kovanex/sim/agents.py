@@ -50,6 +50,7 @@ from kovanex.sim.world import World
 SLOTS = 2
 PASS_EVERY = 1.0
 FETCH_EVERY = 10.0
+JOIN_EVERY = 10.0
 DEADLINE = 10.0  # the lan profile's placement deadline
 Key = tuple[str, str]
 
@@ -77,6 +78,7 @@ class SimAgent:
         self.rr = 0
         self.after(self.rng.uniform(0, PASS_EVERY), self._every, PASS_EVERY, self.pass_all)
         self.after(self.rng.uniform(0, FETCH_EVERY), self._every, FETCH_EVERY, self.anti_entropy)
+        self.after(self.rng.uniform(0, JOIN_EVERY), self._every, JOIN_EVERY, self.retry_join)
 
     def crash(self) -> None:
         for run in list(self.runs.values()):
@@ -93,17 +95,19 @@ class SimAgent:
         seeds = [n for n in sorted(self.w.agents) if n != self.name and self.w.can_talk(self.name, n)]
         self.w.cluster.restart(self.name, join=seeds[:3] or None)
         self.w.note(f"{self.name}: restart")
-        self.after(3.0, self._rejoin)
 
-    def _rejoin(self) -> None:
+    def retry_join(self) -> None:
+        """Consul's retry_join: push-pull with a configured peer we do not see alive at its
+        current address (a restarted node comes back at a new one)."""
         nd = self.w.cluster.nodes[self.name]
-        if len(nd.core.members) > 1:
-            return
-        seeds = [n for n in sorted(self.w.agents) if n != self.name and self.w.can_talk(self.name, n)]
-        if seeds:
-            addrs = [self.w.cluster.nodes[s].addr for s in seeds[:3]]
-            self.w.cluster._run(nd, nd.core.join(self.w.now, addrs))
-        self.after(3.0, self._rejoin)
+        for n in sorted(self.w.agents):
+            other = self.w.cluster.nodes[n]
+            m = nd.core.members.get(n)
+            if n == self.name or not other.up:
+                continue
+            if m is None or m.addr != other.addr or m.status not in ("alive", "suspect"):
+                self.w.cluster._run(nd, nd.core.join(self.w.now, [other.addr]))
+                return
 
     def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None:
         """A timer that dies with this incarnation of the node."""
@@ -144,10 +148,10 @@ class SimAgent:
         if self.seen.get(key, 0) >= v["epoch"]:
             return
         self.seen[key] = v["epoch"]
-        self.start_run(v["repo"], v["task"], v["epoch"], v["oe"])
+        self.start_run(v["repo"], v["task"], v["epoch"], (v["owner"], v["oe"]))
 
     # ------------------------------------------------------------ runs
-    def start_run(self, repo: str, task_id: str, epoch: int, issuer: int) -> None:
+    def start_run(self, repo: str, task_id: str, epoch: int, issuer: tuple[str, int]) -> None:
         key = (repo, task_id)
         old = self.runs.get(key)
         if old is not None:
@@ -260,13 +264,15 @@ class SimAgent:
                     break
                 moved = True
             elif isinstance(e, StartRun):
-                self.start_run(repo, e.task_id, e.epoch, self.disk.meta[repo].epoch)
+                o = self.disk.meta[repo]
+                self.start_run(repo, e.task_id, e.epoch, (o.owner, o.epoch))
             elif isinstance(e, Assign):
                 value = {
                     "repo": repo,
                     "task": e.task_id,
                     "node": e.node,
                     "epoch": e.epoch,
+                    "owner": self.name,
                     "oe": self.disk.meta[repo].epoch,
                 }
                 self.w.publish(self.name, "assign", f"{repo}/{e.task_id}", value)

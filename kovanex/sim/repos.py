@@ -33,7 +33,7 @@ class Disk:
     stores: dict[str, SimStore] = field(default_factory=dict)
     ledgers: dict[str, TaskLedger] = field(default_factory=dict)
     meta: dict[str, Ownership] = field(default_factory=dict)
-    synced: dict[str, int] = field(default_factory=dict)  # ownership epoch our refs follow
+    synced: dict[str, tuple[str, int]] = field(default_factory=dict)  # the owner we follow
     staged: dict[str, dict[str, str]] = field(default_factory=dict)  # sync-staged ref -> oid
 
 
@@ -58,6 +58,7 @@ class Repos:
         self.me = agent.name
         self.disk = disk
         self.announcing: set[str] = set()
+        self.announced: dict[str, dict[str, str]] = {}  # repo -> ref -> oid we gossiped
 
     # ------------------------------------------------------------ reading
     def owns(self, repo: str) -> bool:
@@ -128,15 +129,22 @@ class Repos:
             return  # a suspect owner is never deposed
         live = [n for n, s in status.items() if s == "alive"]
         tips = {r: self.w.agents[r].repos.task_tips(repo) for r in o.replicas if r in live}
-        if successor(o, live, tips) != self.me:
+        app = self.w.cluster.nodes[self.me].core.app
+        owner_tips = {
+            k.partition("\t")[2]: e.value["oid"]
+            for (topic, k), e in app.items()
+            if topic == "refs" and k.startswith(f"{repo}\t")
+        }
+        if successor(o, live, tips, owner_tips) != self.me:
             return
         new = takeover(o, self.me).new
         members = [MemberView(n) for n in live]
         reps = choose_replicas(self.me, members, o.replicas_wanted, new.replicas, salt=repo)
         new = replace(new, replicas=tuple(reps))
         self.disk.meta[repo] = new
-        self.disk.synced[repo] = new.epoch
+        self.disk.synced[repo] = (self.me, new.epoch)
         self.w.max_epoch[repo] = max(self.w.max_epoch.get(repo, 0), new.epoch)
+        self.w.takeovers.setdefault(repo, []).append((new.epoch, self.me, o.replicas))
         store = self.store(repo)
         for ref, oid in sorted(self.disk.staged.pop(repo, {}).items()):
             real = store.get_ref(ref)
@@ -173,6 +181,12 @@ class Repos:
         o = self.disk.meta.get(repo)
         if o is None or o.owner != self.me:
             return
+        said = self.announced.setdefault(repo, {})
+        for ref, oid in self.task_tips(repo).items():
+            if said.get(ref) != oid:
+                said[ref] = oid
+                value = {"oid": oid, "owner": self.me, "owner_epoch": o.epoch}
+                self.w.publish(self.me, "refs", f"{repo}\t{ref}", value)
         for r in o.replicas:
             agent = self.w.agents[r]
             self.w.rpc(self.me, r, lambda ok, ag=agent: (ag.repos.fetch(repo), ok(True)), _nop, _nop)
@@ -200,8 +214,9 @@ class Repos:
         if known is not None and (o.epoch < known.epoch or o.owner != known.owner):
             return  # fetched from a deposed owner: discard
         store = self.store(repo)
-        old = self.disk.synced.get(repo, o.epoch)
-        moved = old != o.epoch
+        upstream = (o.owner, o.epoch)
+        moved = self.disk.synced.get(repo, upstream) != upstream
+        old = self.disk.synced.get(repo, upstream)[1]
         for ref, oid in refs.items():
             mine = store.get_ref(ref)
             if mine == oid:
@@ -216,7 +231,7 @@ class Repos:
                     store.force_ref(f"{LOST}{old}/{ref[5:]}", mine)
                     store.force_ref(ref, None)
                     self.w.note(f"{self.me}: {repo} {ref} {mine[:8]} kept under lost/{old}")
-        self.disk.synced[repo] = o.epoch
+        self.disk.synced[repo] = upstream
         staged = self.disk.staged.get(repo, {})
         for ref in [r for r, oid in staged.items() if store.contains(store.get_ref(r), oid)]:
             del staged[ref]

@@ -56,7 +56,7 @@ class Driver:
                 a.disk.meta[r.name] = own
                 if a.name == r.owner or a.name in r.replicas:
                     a.repos.store(r.name)
-                    a.disk.synced[r.name] = 1
+                    a.disk.synced[r.name] = (r.owner, 1)
         self.open = 0
         for p in sc.pushes:
             self.open += 1
@@ -104,10 +104,11 @@ class Driver:
                 return
             self.open -= 1
             epoch = int(val)  # type: ignore[call-overload]
-            level = target.disk.meta[p.repo].level
+            o = target.disk.meta[p.repo]
             sup = w.max_epoch.get(p.repo, 1) > epoch
             w.trace.acked.append(
-                Acked(p.repo, p.task_id, oid, w.now, owner, epoch, level, w.partitioned, sup)
+                Acked(p.repo, p.task_id, oid, w.now, owner, epoch, o.level, w.partitioned, sup,
+                      o.replicas)
             )
             w.note(f"client@{p.client}: push {p.repo}/{p.task_id} acked by {owner}@{epoch}")
 
@@ -116,7 +117,7 @@ class Driver:
             w.later(PUSH_RETRY, self.push, p, attempt + 1)
 
         w.rpc(p.client, owner, lambda ok: target.repos.handle_push(p.repo, p.task_id, oid, ok),
-              reply, fail)
+              reply, fail, client=True)
 
     def settled(self) -> bool:
         w = self.w
@@ -125,7 +126,7 @@ class Driver:
         if not all(a.up for a in w.agents.values()):
             return False
         repos = [r.name for r in self.sc.repos]
-        return not checks.one_owner(w, repos) and not checks.all_final(w, repos)
+        return not checks.one_owner(w, repos) and not checks.unfinished(w, repos)[0]
 
 
 def simulate(seed: int, strict: bool = False, verbose: bool = False) -> Result:
@@ -135,13 +136,15 @@ def simulate(seed: int, strict: bool = False, verbose: bool = False) -> Result:
     settled = w.run_until(sc.quiet_at + BUDGET, d.settled)
     repos = [r.name for r in sc.repos]
     bad = list(w.trace.violations)
+    stuck, gaps = checks.unfinished(w, repos)
     if not settled:
-        why = checks.one_owner(w, repos) + checks.all_final(w, repos)
+        why = checks.one_owner(w, repos) + stuck
         if d.open:
             why.append(f"{d.open} pushes still retrying")
         bad += [f"not settled {BUDGET:g}s after the last fault: {x}" for x in why]
-    lost, gaps = checks.lost_acked(w, strict)
+    lost, lost_gaps = checks.lost_acked(w, strict)
     bad += lost
+    gaps += lost_gaps
     tasks = sum(
         len(w.agents[o[0]].repos.ledger(r).list_tasks()) for r, o in checks.owners(w).items() if o
     )

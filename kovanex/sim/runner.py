@@ -28,14 +28,16 @@ STEP_OK = 0.85
 
 
 class SimRun:
-    def __init__(self, agent: SimAgent, repo: str, task_id: str, epoch: int, issuer: int) -> None:
+    def __init__(
+        self, agent: SimAgent, repo: str, task_id: str, epoch: int, issuer: tuple[str, int]
+    ) -> None:
         self.a = agent
         self.w = agent.w
         self.repo = repo
         self.task_id = task_id
         self.key = (repo, task_id)
         self.epoch = epoch
-        self.issuer = issuer  # the ownership epoch of the owner that issued the lease
+        self.issuer = issuer  # (owner, ownership epoch) that issued the lease
         self.active = True
         self.counted = False
         self.spec: specmod.TaskSpec | None = None
@@ -140,7 +142,7 @@ class SimRun:
             else:
                 self.w.trace.known_gaps.append(
                     f"lease epoch reused across an ownership change: {what} "
-                    f"(issued under ownership epochs {issuer} and {self.issuer})"
+                    f"(issued by owners {issuer[0]}@{issuer[1]} and {self.issuer[0]}@{self.issuer[1]})"
                 )
         held[self.a.name] = self.issuer
 

@@ -71,6 +71,7 @@ class Acked:
     level: str
     partitioned: bool  # a partition was in force when the ack was given
     superseded: bool  # a higher ownership epoch already existed when the ack was given
+    replicas: tuple[str, ...] = ()  # the acking owner's replica set at the time
 
 
 @dataclass
@@ -79,8 +80,8 @@ class Trace:
 
     log: list[str] = field(default_factory=list)
     acked: list[Acked] = field(default_factory=list)
-    # (repo, task, epoch) -> {node: ownership epoch that issued the lease}
-    running: dict[tuple[str, str, int], dict[str, int]] = field(default_factory=dict)
+    # (repo, task, epoch) -> {node: (owner, ownership epoch) that issued the lease}
+    running: dict[tuple[str, str, int], dict[str, tuple[str, int]]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     known_gaps: list[str] = field(default_factory=list)
 
@@ -99,6 +100,8 @@ class World:
         self.verbose = verbose
         self.partitioned = False
         self.max_epoch: dict[str, int] = {}  # repo -> highest ownership epoch ever written
+        # repo -> [(new epoch, new owner, the replica set it took over from)]
+        self.takeovers: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
         self.agents: dict[str, Any] = {}  # name -> SimAgent
         self.cluster.on_publish.append(self._on_publish)
 
@@ -150,17 +153,19 @@ class World:
         on_reply: Callable[[Any], None],
         on_fail: Callable[[str], None],
         timeout: float = RPC_TIMEOUT,
+        client: bool = False,
     ) -> None:
         """Run `handler(respond)` on `dst`; `on_reply(result)` or `on_fail(why)` on `src`.
 
-        Exactly one of the two callbacks runs, and only if `src` has not restarted since.
+        Exactly one of the two callbacks runs, and only if `src` has not restarted since
+        (a `client` sits next to `src` and outlives its restarts).
         """
         a = self.agents[src]
         gen = a.gen
         done = [False]
 
         def finish(fn: Callable[[Any], None], arg: Any) -> None:
-            if done[0] or not a.up or a.gen != gen:
+            if done[0] or (not client and (not a.up or a.gen != gen)):
                 return
             done[0] = True
             fn(arg)
