@@ -92,7 +92,9 @@ class SimAgent:
         self.up = True
         self.gen += 1
         self._boot()
-        seeds = [n for n in sorted(self.w.agents) if n != self.name and self.w.can_talk(self.name, n)]
+        seeds = [
+            n for n in sorted(self.w.agents) if n != self.name and self.w.can_talk(self.name, n)
+        ]
         self.w.cluster.restart(self.name, join=seeds[:3] or None)
         self.w.note(f"{self.name}: restart")
 
@@ -335,4 +337,6 @@ class SimAgent:
                 return Decision(reason=f"waiting for capacity: {result.reason}", waiting=True)
             return Decision(reason=result.reason)
         self.rr += 1
-        return Decision(node=result.node, reason=result.reason, extra={"Score": f"{result.score:.3f}"})
+        return Decision(
+            node=result.node, reason=result.reason, extra={"Score": f"{result.score:.3f}"}
+        )

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kovanex.sim.agents import SimAgent
 
 GONE = ("dead", "left")
+SYNC_TIMEOUT = 2.0  # a sync write waits this long for replicas (well inside a client's)
 SETTLE = 1.0  # after member-failed, wait for the last acks before taking over
 
 
@@ -189,7 +190,9 @@ class Repos:
                 self.w.publish(self.me, "refs", f"{repo}\t{ref}", value)
         for r in o.replicas:
             agent = self.w.agents[r]
-            self.w.rpc(self.me, r, lambda ok, ag=agent: (ag.repos.fetch(repo), ok(True)), _nop, _nop)
+            self.w.rpc(
+                self.me, r, lambda ok, ag=agent: (ag.repos.fetch(repo), ok(True)), _nop, _nop
+            )
 
     def fetch(self, repo: str) -> None:
         """Follow the owner's refs (fast-forward; what a new upstream lacks goes to lost/)."""
@@ -237,7 +240,9 @@ class Repos:
             del staged[ref]
 
     # ------------------------------------------------------------ pushes
-    def handle_push(self, repo: str, task_id: str, oid: str, respond: Callable[[Any], None]) -> None:
+    def handle_push(
+        self, repo: str, task_id: str, oid: str, respond: Callable[[Any], None]
+    ) -> None:
         """A user's push of a new task branch; `sync` acks only once every wanted replica
         holds it (pre-receive), `async` and `none` at once."""
         if not self.owns(repo):
@@ -280,6 +285,7 @@ class Repos:
                 lambda ok, ag=ag: ok(ag.repos.stage_sync(repo, o, ref, oid)),
                 lambda res, r=r: one(r, bool(res)),
                 lambda _why, r=r: one(r, False),
+                timeout=SYNC_TIMEOUT,
             )
 
     def _land(self, repo: str, ref: str, oid: str, respond: Callable[[Any], None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kovanex.core.replication import Ownership
 from kovanex.gitstate.ledger import SPEC_PATH
@@ -58,6 +59,7 @@ class Driver:
                     a.repos.store(r.name)
                     a.disk.synced[r.name] = (r.owner, 1)
         self.open = 0
+        self.outcomes: dict[tuple[str, str], list[str]] = {}  # (repo, task) -> each attempt
         for p in sc.pushes:
             self.open += 1
             w.at(p.at, self.push, p, 0)
@@ -98,6 +100,7 @@ class Driver:
 
         def reply(res: tuple[str, object]) -> None:
             kind, val = res
+            self.outcomes.setdefault((p.repo, p.task_id), []).append(f"{kind}: {val}")
             if kind != "ok":
                 w.note(f"client@{p.client}: push {p.repo}/{p.task_id} to {owner} refused: {val}")
                 w.later(PUSH_RETRY, self.push, p, attempt + 1)
@@ -107,17 +110,70 @@ class Driver:
             o = target.disk.meta[p.repo]
             sup = w.max_epoch.get(p.repo, 1) > epoch
             w.trace.acked.append(
-                Acked(p.repo, p.task_id, oid, w.now, owner, epoch, o.level, w.partitioned, sup,
-                      o.replicas)
+                Acked(
+                    p.repo,
+                    p.task_id,
+                    oid,
+                    w.now,
+                    owner,
+                    epoch,
+                    o.level,
+                    w.partitioned,
+                    sup,
+                    o.replicas,
+                )
             )
             w.note(f"client@{p.client}: push {p.repo}/{p.task_id} acked by {owner}@{epoch}")
 
         def fail(why: str) -> None:
+            self.outcomes.setdefault((p.repo, p.task_id), []).append(f"failed: {why}")
             w.note(f"client@{p.client}: push {p.repo}/{p.task_id} to {owner} failed: {why}")
             w.later(PUSH_RETRY, self.push, p, attempt + 1)
 
-        w.rpc(p.client, owner, lambda ok: target.repos.handle_push(p.repo, p.task_id, oid, ok),
-              reply, fail, client=True)
+        w.rpc(
+            p.client,
+            owner,
+            lambda ok: target.repos.handle_push(p.repo, p.task_id, oid, ok),
+            reply,
+            fail,
+            client=True,
+        )
+
+    # -- for short tests (kovanex.testing.sim_cluster) ----------------------------------
+    def submit(
+        self,
+        client: str,
+        repo: str,
+        task_id: str,
+        steps: int = 1,
+        retries: int = 0,
+        labels: dict[str, str] | None = None,
+        strategy: str | None = None,
+    ) -> None:
+        """A user next to `client` pushes a new task now (retrying like the scenarios do)."""
+        self.open += 1
+        p = Push(
+            self.w.now,
+            client,
+            repo,
+            task_id,
+            steps,
+            retries,
+            tuple(sorted((labels or {}).items())),
+            strategy,
+        )
+        self.w.later(0.0, self.push, p, 0)
+
+    def run(self, seconds: float) -> None:
+        self.w.run_until(self.w.now + seconds)
+
+    def owner(self, repo: str) -> str:
+        (name,) = checks.owners(self.w)[repo]
+        return name
+
+    def history(self, repo: str, task_id: str) -> list[tuple[str, Any, str]]:
+        """The task branch on the repo's owner, newest first: (oid, transition, subject)."""
+        return self.w.agents[self.owner(repo)].repos.ledger(repo).history(task_id)
 
     def settled(self) -> bool:
         w = self.w
@@ -148,5 +204,14 @@ def simulate(seed: int, strict: bool = False, verbose: bool = False) -> Result:
     tasks = sum(
         len(w.agents[o[0]].repos.ledger(r).list_tasks()) for r, o in checks.owners(w).items() if o
     )
-    return Result(seed, sc, bad, gaps + w.trace.known_gaps, tasks, len(w.trace.acked), w.now,
-                  w.loop.events, w.trace.log)
+    return Result(
+        seed,
+        sc,
+        bad,
+        gaps + w.trace.known_gaps,
+        tasks,
+        len(w.trace.acked),
+        w.now,
+        w.loop.events,
+        w.trace.log,
+    )

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 RETRY = 2.0
 STEP_TIME = (0.5, 4.0)
-STEP_OK = 0.85
 
 
 class SimRun:
@@ -149,7 +148,7 @@ class SimRun:
     def _step_done(self, index: int) -> None:
         """The step finished (seeded outcome): re-read, then commit its result by CAS."""
         if self.active:
-            ok = self.a.rng.random() < STEP_OK
+            ok = self.a.rng.random() < self.w.step_ok
             self._call(self._read, lambda res: self._record(res[0], index, ok))
 
     def _record(self, view: taskcore.TaskView, index: int, ok: bool) -> None:
@@ -158,8 +157,8 @@ class SimRun:
         if not self._lease_ok(view):
             return
         total = len(spec.steps)
-        if taskcore.next_step(view, total) != index:
-            self._tick()  # already recorded: an earlier reply was lost
+        if view.state != taskcore.RUNNING or taskcore.next_step(view, total) != index:
+            self._tick()  # already recorded (a lost reply), or a new owner's older history
             return
         step = spec.steps[index]
         result, code = ("ok", 0) if ok else ("failed", 1)

@@ -75,8 +75,13 @@ class Scenario:
         return "\n".join(lines)
 
 
-def spec_toml(steps: int, retries: int = 0, labels: dict[str, str] | None = None,
-              strategy: str | None = None, priority: int = 50) -> bytes:
+def spec_toml(
+    steps: int,
+    retries: int = 0,
+    labels: dict[str, str] | None = None,
+    strategy: str | None = None,
+    priority: int = 50,
+) -> bytes:
     """A valid `.kovanex/task.toml` (kovanex/spec.py) with `steps` steps."""
     out = [f"priority = {priority}", f"retries = {retries}"]
     if labels or strategy:
@@ -110,8 +115,16 @@ def generate(seed: int) -> Scenario:
         lab = (("gpu", "yes"),) if rng.random() < 0.15 else ()
         strat = rng.choice([None, None, "spread", "round-robin", "locality"])
         pushes.append(
-            Push(rng.uniform(0, 90), rng.choice(nodes), r.name, f"t{i}", rng.randint(1, 3),
-                 rng.randint(0, 1), lab, strat)
+            Push(
+                rng.uniform(0, 90),
+                rng.choice(nodes),
+                r.name,
+                f"t{i}",
+                rng.randint(1, 3),
+                rng.randint(0, 1),
+                lab,
+                strat,
+            )
         )
     faults: list[Fault] = []
     t = rng.uniform(5, 20)
@@ -139,5 +152,13 @@ def generate(seed: int) -> Scenario:
                 pushes.append(Push(at, client, r.name, f"t{k + j}", rng.randint(1, 2), 0))
         t = until + rng.uniform(2, 15) if kind != "crash" else t + rng.uniform(2, 20)
     quiet = max([f.until for f in faults] + [p.at for p in pushes] + [0.0])
-    return Scenario(seed, nodes, labels, repos, sorted(pushes, key=lambda p: p.at), faults,
-                    rng.choice([0.0, 0.0, 0.02, 0.1]), quiet)
+    return Scenario(
+        seed,
+        nodes,
+        labels,
+        repos,
+        sorted(pushes, key=lambda p: p.at),
+        faults,
+        rng.choice([0.0, 0.0, 0.02, 0.1]),
+        quiet,
+    )

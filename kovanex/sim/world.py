@@ -99,6 +99,7 @@ class World:
         self.trace = Trace()
         self.verbose = verbose
         self.partitioned = False
+        self.step_ok = 0.85  # chance that a simulated step succeeds
         self.max_epoch: dict[str, int] = {}  # repo -> highest ownership epoch ever written
         # repo -> [(new epoch, new owner, the replica set it took over from)]
         self.takeovers: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
