@@ -12,17 +12,17 @@ import collections
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.placement import LocalNode
 from kovanex.core.gossip_profiles import profile
 from kovanex.core.scoring import NodeInfo
 from kovanex.net.gossip import GossipNode, MemberInfo
 from kovanex.net.keyring import Keyring
-
-if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
 
 log = logging.getLogger("kovanex.cluster")
 MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
@@ -47,15 +47,24 @@ def load_keyring(layout: cfgmod.Layout, cfg: cfgmod.NodeConfig | None = None) ->
 
 
 class Cluster:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        cfg = agent.cfg
-        self.keyring = load_keyring(agent.layout, cfg)
+    def __init__(
+        self,
+        ctx: NodeContext,
+        local: LocalNode,
+        http_url: Callable[[], str],
+        on_member_event: Callable[[str, Any], None],
+    ) -> None:
+        self.ctx = ctx
+        self.local = local
+        self.http_url = http_url
+        self.on_member_event = on_member_event
+        cfg = ctx.cfg
+        self.keyring = load_keyring(ctx.layout, cfg)
         if not self.keyring.keys():
             log.warning(
                 "gossip is NOT encrypted (--insecure-gossip in %s): any process that can "
                 "reach %s can join, be placed on and read cluster state",
-                agent.layout.config,
+                ctx.layout.config,
                 cfg.gossip_bind,
             )
         self.node = GossipNode(
@@ -72,13 +81,14 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        host, port = cfgmod.parse_addr(self.agent.cfg.gossip_bind)
+        host, port = cfgmod.parse_addr(self.ctx.cfg.gossip_bind)
+        self._last_meta = self.meta()  # now with the HTTP address, which is bound by now
+        self.node.set_meta(self._last_meta)
         addr = await self.node.start((host, port))
         self.record("agent", {"msg": f"gossip bound to {addr[0]}:{addr[1]}"})
         for topic in MEMBER_EVENTS:
             self.node.subscribe(topic, self._on_member_event)
-        self._last_meta = self.meta()
-        peers = [cfgmod.parse_addr(j) for j in self.agent.cfg.join]
+        peers = [cfgmod.parse_addr(j) for j in self.ctx.cfg.join]
         if peers:
             # one synchronous push-pull first, so a returning node learns the current
             # owners (and their epochs) before it acts on its own stale view
@@ -89,7 +99,7 @@ class Cluster:
 
     async def _retry_join(self) -> None:
         """Serf's retry-join: keep trying the configured peers until one answers."""
-        peers = [cfgmod.parse_addr(j) for j in self.agent.cfg.join]
+        peers = [cfgmod.parse_addr(j) for j in self.ctx.cfg.join]
         delay = 0.2
         while peers:
             n = await self.node.join(peers, timeout=2.0)
@@ -107,15 +117,15 @@ class Cluster:
 
     # -- outgoing state ----------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        a = self.agent
-        caps = sorted(a.capabilities())
+        cfg = self.ctx.cfg
+        slots = self.local.runs.slots
         return {
-            "role": a.cfg.role,
-            "labels": dict(a.cfg.labels),
-            "caps": caps,
-            "run": [a.slots.used, a.slots.total],
-            "http": a.http_url(),
-            "health": round(a.health_score(), 3),
+            "role": cfg.role,
+            "labels": dict(cfg.labels),
+            "caps": sorted(self.local.capabilities()),
+            "run": [slots.used, slots.total],
+            "http": self.http_url(),
+            "health": round(self.local.health(), 3),
         }
 
     def refresh(self) -> None:
@@ -126,10 +136,28 @@ class Cluster:
             self.node.set_meta(m)
 
     def publish_health(self, vector: dict[str, float], score: float) -> None:
-        self.node.publish("health", self.agent.node, {"score": round(score, 4), "vector": vector})
+        self.node.publish("health", self.ctx.name, {"score": round(score, 4), "vector": vector})
 
     def publish_repos(self, owned: list[str], replica: list[str]) -> None:
-        self.node.publish("repos", self.agent.node, {"owned": owned, "replica": replica})
+        self.node.publish("repos", self.ctx.name, {"owned": owned, "replica": replica})
+
+    async def keep_fresh(
+        self,
+        inventory: Callable[[], tuple[list[str], list[str]]],
+        health: Callable[[], tuple[dict[str, float], float] | None],
+    ) -> None:
+        """Keep meta (slots, health) and the repo inventory (owned, replica) current."""
+        last: tuple[list[str], list[str]] | None = None
+        while True:
+            self.refresh()
+            inv = inventory()
+            if inv != last:
+                self.publish_repos(*inv)
+                last = inv
+            h = health()
+            if h is not None:
+                self.publish_health(*h)
+            await asyncio.sleep(1.0)
 
     # -- incoming state ----------------------------------------------------------------
     def members(self) -> list[dict[str, Any]]:
@@ -164,7 +192,7 @@ class Cluster:
         """Alive remote members as scheduler input (the local node is built fresh)."""
         infos = []
         for d in self.members():
-            if d["name"] == self.agent.node or d["status"] != "alive":
+            if d["name"] == self.ctx.name or d["status"] != "alive":
                 continue
             infos.append(
                 NodeInfo(
@@ -173,8 +201,8 @@ class Cluster:
                     labels=d["labels"],
                     capabilities=frozenset(d["capabilities"]),
                     health=float(d["health"]),
-                    cpu_total=self.agent.placer.cpu_total,
-                    mem_total_mb=self.agent.placer.mem_total,
+                    cpu_total=self.local.cpu_total,
+                    mem_total_mb=self.local.mem_total,
                     runners_total=int(d["runners_total"]),
                     runners_used=int(d["runners_used"]),
                     repos_owned=frozenset(d["repos_owned"]),
@@ -203,8 +231,8 @@ class Cluster:
             },
         )
         log.info("%s %s (%s)", topic, payload.name, payload.status)
-        self.agent.on_member_event(topic, payload)
-        script = self.agent.cfg.event_handlers.get(topic)
+        self.on_member_event(topic, payload)
+        script = self.ctx.cfg.event_handlers.get(topic)
         if script:
             t = asyncio.create_task(self._run_handler(topic, script, payload))
             self._handlers.add(t)
@@ -215,8 +243,8 @@ class Cluster:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "KOVANEX_EVENT": topic,
-            "KOVANEX_SELF_NAME": self.agent.node,
-            "KOVANEX_SELF_ROLE": self.agent.cfg.role,
+            "KOVANEX_SELF_NAME": self.ctx.name,
+            "KOVANEX_SELF_ROLE": self.ctx.cfg.role,
             "KOVANEX_MEMBER_NAME": m.name,
             "KOVANEX_MEMBER_ADDR": f"{m.addr[0]}:{m.addr[1]}",
             "KOVANEX_MEMBER_STATUS": m.status,
@@ -266,7 +294,7 @@ class Cluster:
         except KeyError as e:
             raise ValueError(str(e).strip("'\"")) from e
         if action != "list":
-            self.keyring.save(keyring_path(self.agent.layout))
+            self.keyring.save(keyring_path(self.ctx.layout))
         keys = self.node.list_keys()
         return {"keys": keys, "primary": keys[0] if keys else None}
 

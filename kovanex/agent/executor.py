@@ -27,7 +27,7 @@ from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step, step_env
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.agent.runs import RunTable
 
 log = logging.getLogger("kovanex.executor")
 
@@ -45,26 +45,32 @@ class Lease:
 
 
 class TaskRun:
-    def __init__(self, agent: Agent, lease: Lease, remote: Any = None) -> None:
-        self.agent = agent
+    """One lease, run step by step. `ledger` is the repo's own, or for a remote run the
+    owner's branch through a cache repo (`repo_path`): blocking git network calls there,
+    so they run in a thread."""
+
+    def __init__(
+        self, table: RunTable, lease: Lease, ledger: Any, repo_path: Path, remote: Any = None
+    ) -> None:
+        self.table = table
+        self.ctx = table.ctx
         self.lease = lease
         self.cancel = asyncio.Event()
         self.why = ""
         self.key = (lease.repo, lease.task_id)
-        # A remote run reads and writes the owner's branch through a cache repo (blocking
-        # git network calls, so they run in a thread); a local run uses the repo directly.
         self.remote = remote
-        self.ledger = remote if remote is not None else agent.ledger(lease.repo)
-        self.repo_path = Path(remote.cache) if remote is not None else agent.repo_path(lease.repo)
+        self.ledger = ledger
+        self.repo_path = repo_path
         self.request: Any = None
-        self.wt = agent.layout.work / lease.repo / lease.task_id
+        layout = self.ctx.layout
+        self.wt = layout.work / lease.repo / lease.task_id
         # With compute units, the slot's unit runs the steps in its own clone, outside
         # the node dir (runner/units.py, ADR 0010); else a linked worktree in it.
-        self.unit = agent.units[agent.slots.take_unit()] if agent.units else None
+        self.unit = table.units[table.slots.take_unit()] if table.units else None
         if self.unit is not None:
             self.wt = unitrepo.clone_path(self.unit, lease.repo)
         self.base = ""  # the commit the checkout holds: a unit snapshot sends only what is new
-        self.pidfile = agent.layout.run / "steps" / f"{lease.repo}__{lease.task_id}.json"
+        self.pidfile = layout.run / "steps" / f"{lease.repo}__{lease.task_id}.json"
 
     def stand_down(self, why: str) -> None:
         if not self.cancel.is_set():
@@ -84,15 +90,13 @@ class TaskRun:
         finally:
             self._forget_pid()
             if self.unit is not None:
-                self.agent.slots.give_unit(self.unit.index)  # its clone stays for the next task
+                self.table.slots.give_unit(self.unit.index)  # its clone stays for the next task
             else:
                 try:
-                    await asyncio.to_thread(
-                        worktree.remove, self.agent.repo_path(self.lease.repo), self.wt
-                    )
+                    await asyncio.to_thread(worktree.remove, self.repo_path, self.wt)
                 except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
                     log.debug("worktree cleanup failed", exc_info=True)
-            self.agent.run_finished(self)
+            self.table.finished(self)
 
     async def _hand_back(self) -> None:
         """A remote run that stops while its lease is still current (e.g. the owner was
@@ -103,7 +107,7 @@ class TaskRun:
                 view.node == self.lease.node
                 and view.epoch == self.lease.epoch
                 and view.state in (taskcore.PLACED, taskcore.RUNNING)
-                and not self.agent.stop_event.is_set()
+                and not self.ctx.stop_event.is_set()
             ):
                 tr = taskcore.requeue(view, f"runner {self.lease.node} could not continue")
                 await self._call(
@@ -151,13 +155,13 @@ class TaskRun:
             )
         except (CasConflict, StaleEpoch) as e:
             raise StandDown(f"write refused: {e}") from e
-        self.agent.saw_tip(self.lease.repo, self.lease.task_id, tip)
+        self.table.on_tip(self.lease.repo, self.lease.task_id, tip)
         return taskcore.apply(view, tip, tr)
 
     async def _run(self) -> None:
         view = await self._view()
         data = self.ledger.spec_bytes(self.lease.task_id)
-        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH, self.agent.cfg.limits)
+        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH, self.ctx.cfg.limits)
         total = len(spec.steps)
         if view.state == taskcore.PLACED:
             view = await self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
@@ -206,9 +210,9 @@ class TaskRun:
 
     def _hidden(self) -> list[Path] | None:
         """Without units, a mount namespace may still hide the node's secrets (units.py)."""
-        if self.unit is not None or not self.agent.isolation.startswith("namespace"):
+        if self.unit is not None or not self.table.isolation.startswith("namespace"):
             return None
-        lay = self.agent.layout
+        lay = self.ctx.layout
         hide = (lay.root / "secrets", lay.root / "keyring.json", lay.run, lay.logs)
         return [p for p in hide if p.exists()]
 
@@ -225,7 +229,7 @@ class TaskRun:
         total: int,
         view: taskcore.TaskView,
     ) -> tuple[taskcore.TaskView, bool]:
-        log_path = self.agent.layout.step_log(
+        log_path = self.ctx.layout.step_log(
             self.lease.repo, self.lease.task_id, index + 1, step.name
         )
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +250,7 @@ class TaskRun:
             on_start=self._remember_pid,
             unit=self.unit,
             hide=self._hidden(),
-            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
+            log_max_bytes=self.ctx.cfg.limits.node_log_bytes,
         )
         self._forget_pid()
         if self.cancel.is_set():
@@ -291,7 +295,7 @@ class TaskRun:
         from kovanex.core.backoff import Backoff
         from kovanex.runner.service import supervise
 
-        log_path = self.agent.layout.step_log(
+        log_path = self.ctx.layout.step_log(
             self.lease.repo, self.lease.task_id, index + 1, step.name
         )
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,7 +314,7 @@ class TaskRun:
             on_restart=restarted,
             unit=self.unit,
             hide=self._hidden(),
-            log_max_bytes=self.agent.cfg.limits.node_log_bytes,
+            log_max_bytes=self.ctx.cfg.limits.node_log_bytes,
         )
         raise StandDown(self.why or "service stopped")
 

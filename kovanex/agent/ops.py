@@ -1,14 +1,12 @@
-"""The agent's request surface: control-socket ops and the HTTP API (a mixin of Agent).
+"""The agent's request surface: control-socket ops and the HTTP API.
 
-Kept apart from the daemon's scheduling loop so each file has one concern; the
+It owns no state: each op reads or asks the service that owns the answer. The
 ClusterService API and the dashboard will grow here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 from kovanex import config as cfgmod
@@ -19,49 +17,43 @@ from kovanex.agent.control import ControlError
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
 
-    _Base = Agent
-else:
-    _Base = object
 
+class ControlOps:
+    def __init__(self, agent: Agent) -> None:
+        self.a = agent
 
-class ControlOps(_Base):
-    async def _on_control(self, op: str, args: dict[str, Any]) -> Any:
+    async def on_control(self, op: str, args: dict[str, Any]) -> Any:
+        a = self.a
         if op == "ping":
-            return {"node": self.node, "pid": os.getpid()}
+            return {"node": a.ctx.name, "pid": os.getpid()}
         if op == "status":
             return {
-                "node": self.node,
+                "node": a.ctx.name,
                 "pid": os.getpid(),
-                "uptime_s": round(time.time() - self.started, 1),
-                "runners": {"total": self.slots.total, "used": self.slots.used},
-                "isolation": self.isolation,
-                "running": [f"{r}/{t}" for r, t in sorted(self.runs)],
-                "pending": [f"{r}/{t}" for r, t in sorted(self.pending)],
-                "hook_port": self.hooks.port,
-                "gossip": self.cluster.security() if self.cluster is not None else {},
+                "uptime_s": round(a.ctx.clock.time() - a.started, 1),
+                "runners": {"total": a.runs.slots.total, "used": a.runs.slots.used},
+                "isolation": a.runs.isolation,
+                "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
+                "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
+                "hook_port": a.hooks.port,
+                "gossip": a.cluster.security(),
             }
         if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
-            return {"published": self.token_sync.publish_all()}
+            return {"published": a.token_sync.publish_all()}
         if op == "units":
-            busy = {
-                r.unit.index: f"{r.lease.repo}/{r.lease.task_id}"
-                for r in self.runs.values()
-                if r.unit
-            }
-            return [{"index": u.index, "task": busy.get(u.index, "-")} for u in self.units]
+            busy = a.runs.busy_units()
+            return [{"index": u.index, "task": busy.get(u.index, "-")} for u in a.runs.units]
         if op == "repo.status":
-            if self.replicas is None or not self.repo_path(args["name"]).exists():
+            if not a.repos.path(args["name"]).exists():
                 raise ControlError(
-                    f"no repo {args['name']} on {self.node}; see `kovanex repo list`"
+                    f"no repo {args['name']} on {a.ctx.name}; see `kovanex repo list`"
                 )
-            return self.replicas.status(args["name"])
+            return a.replicas.status(args["name"])
         if op == "repo.describe":
-            return self.replicas.describe() if self.replicas is not None else []
+            return a.replicas.describe()
         if op == "repo.replication":
-            if self.replicas is None:
-                raise ControlError("replication is not running yet; try again")
             try:
-                own = await self.replicas.set_policy(
+                own = await a.replicas.set_policy(
                     args["name"], args["level"], int(args.get("replicas", 1))
                 )
             except ValueError as e:
@@ -74,30 +66,22 @@ class ControlOps(_Base):
                 "replicas": list(own.replicas),
             }
         if op == "repo.created":
-            self.refresh_repos()
-            if self.replicas is not None:
-                self.replicas.created(args["name"])
-            self.watcher.watch(self.repo_path(args["name"]))
-            self._on_ref_change(args["name"])
-            return {"url": f"{self.http_url()}/git/{args['name']}.git"}
+            a.repos.refresh()
+            a.replicas.created(args["name"])
+            a.watch(args["name"])
+            a.dispatcher.changed(args["name"])
+            return {"url": f"{a.http_url()}/git/{args['name']}.git"}
         if op == "reconcile":
-            await self.reconcile_all()
+            await a.scheduler.reconcile_all()
             return True
-        if self.cluster is not None:
-            res = await self._cluster_op(op, args)
-            if res is not NotImplemented:
-                return res
-        fn = self.extra_ops.get(op)
-        if fn is None:
-            raise ControlError(f"unknown operation {op!r}")
-        res = fn(args)
-        if asyncio.iscoroutine(res):
-            res = await res
-        return res
+        res = await self._cluster_op(op, args)
+        if res is not NotImplemented:
+            return res
+        raise ControlError(f"unknown operation {op!r}")
 
     async def _cluster_op(self, op: str, args: dict[str, Any]) -> Any:
-        c = self.cluster
-        assert c is not None
+        a = self.a
+        c = a.cluster
         if op == "members":
             return c.members()
         if op == "join":
@@ -110,8 +94,8 @@ class ControlOps(_Base):
                 )
             return {"joined": n}
         if op == "leave":
-            self.leaving = True
-            self.stop_event.set()
+            a.ctx.leaving = True
+            a.ctx.stop_event.set()
             return {"leaving": True}
         if op == "force-leave":
             name = args["name"]
@@ -130,31 +114,31 @@ class ControlOps(_Base):
             nodes: dict[str, Any] = {}
             for name, h in c.node.items("health").items():
                 nodes[name] = {"score": h.get("score"), "vector": h.get("vector", {}), "matrix": {}}
-            if self.health is not None:
-                nodes[self.node] = {
-                    "score": self.health.score(),
-                    "vector": self.health.vector(),
-                    "matrix": self.health.matrix(),
+            if a.health is not None:
+                nodes[a.ctx.name] = {
+                    "score": a.health.score(),
+                    "vector": a.health.vector(),
+                    "matrix": a.health.matrix(),
                 }
-            return {"node": self.node, "nodes": nodes}
+            return {"node": a.ctx.name, "nodes": nodes}
         if op == "reload":
-            cfg = cfgmod.load(self.layout)
+            cfg = cfgmod.load(a.ctx.layout)
             modules.load_modules(cfg.modules)
-            self.cfg = cfg
+            a.ctx.cfg = cfg
             c.refresh()
             return {"reloaded": True}
         if op == "stats":
             return c.node.stats()
         return NotImplemented
 
-    def _http_api(
+    def http_api(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes] | None:
         """The token-guarded API on the HTTP listener (more verbs come with ClusterService)."""
         if method == "POST" and path.startswith("/v1/nudge/"):
             repo = path[len("/v1/nudge/") :]
-            hit = self.replicas is not None and self.replicas.nudged(repo)
+            hit = self.a.replicas.nudged(repo)
             return (204 if hit else 404), {}, b""
         if method == "POST" and path == serverplace.PLACE_PATH:
-            return serverplace.answer(self, headers, body)
+            return serverplace.answer(self.a.placer, self.a.ctx, headers, body)
         return None

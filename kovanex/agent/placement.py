@@ -6,28 +6,22 @@ inputs and turns the answer into the placement commit's trailers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import replace
 
 import psutil
 
+from kovanex import modules as nodemodules
 from kovanex import spec as specmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.repos import RepoIndex
+from kovanex.agent.runs import RunTable
 from kovanex.core import scoring, startwatch
-from kovanex.gitstate.ledger import transition_of
-
-if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+from kovanex.core.scheduler import Decision
+from kovanex.gitstate.ledger import TaskLedger, transition_of
 
 DEFAULT_CPU = 0.1  # a task that names no cpu asks for a tenth of a core (Nomad-like)
 DEFAULT_MEM_MB = 64
-
-
-@dataclass
-class Decision:
-    node: str | None = None
-    reason: str = ""
-    waiting: bool = False  # feasible, but not now: keep queued without writing
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskRequest:
@@ -44,44 +38,25 @@ def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskR
 
 
 class Placer:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    """Scores a task over the nodes this node knows: itself and its gossip members.
+
+    Its inputs are functions, so a test gives it a list of `NodeInfo`s and nothing else.
+    """
+
+    def __init__(
+        self,
+        nodes: Callable[[], list[scoring.NodeInfo]],
+        ledger: Callable[[str], TaskLedger],
+        strategy: Callable[[], str],
+    ) -> None:
+        self.nodes = nodes
+        self.ledger = ledger
+        self.strategy = strategy
         self.rr = 0
-        self.cpu_total = float(psutil.cpu_count() or 1)
-        self.mem_total = psutil.virtual_memory().total / 2**20
-
-    def local_node(self) -> scoring.NodeInfo:
-        a = self.agent
-        cpu_used = 0.0
-        mem_used = 0.0
-        for run in a.runs.values():
-            req = getattr(run, "request", None)
-            if req is not None:
-                cpu_used += req.cpu
-                mem_used += req.memory_mb
-        caps = a.capabilities()
-        return scoring.NodeInfo(
-            name=a.node,
-            role=a.cfg.role.upper(),
-            labels=dict(a.cfg.labels),
-            capabilities=frozenset(caps),
-            health=a.health_score(),
-            cpu_total=self.cpu_total,
-            cpu_used=cpu_used,
-            mem_total_mb=self.mem_total,
-            mem_used_mb=mem_used,
-            runners_total=a.slots.total,
-            runners_used=a.slots.used,
-            repos_owned=frozenset(a.owned_repos()),
-            repos_replica=frozenset(a.replica_repos()),
-        )
-
-    def nodes(self) -> list[scoring.NodeInfo]:
-        return [self.local_node(), *self.agent.remote_nodes()]
 
     def excluded(self, repo: str, task_id: str) -> frozenset[str]:
         """Nodes that failed to start this task (Kovanex-Excluded, ADR 0012)."""
-        led = self.agent.ledger(repo)
+        led = self.ledger(repo)
         tip = led.tip(task_id)
         if tip is None:
             return frozenset()
@@ -89,7 +64,7 @@ class Placer:
 
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
         req = request_of(repo, task_id, spec)
-        strategy = spec.placement.strategy or self.agent.cfg.strategy
+        strategy = spec.placement.strategy or self.strategy()
         return self.decide_request(req, strategy, self.excluded(repo, task_id))
 
     def decide_request(
@@ -130,10 +105,49 @@ class Placer:
             )
         return Decision(node=result.node, reason=result.reason, extra=extra)
 
-    place = decide
-
     def preview(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> str:
         d = self.decide(repo, task_id, spec)
         if d.node:
             return f"would place on {d.node}: {d.reason}"
         return ("would wait: " if d.waiting else "unschedulable: ") + d.reason
+
+
+class LocalNode:
+    """This node as the scheduler sees it: its config, its free slots and what its runs
+    asked for, its health, and the repos it holds."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        runs: RunTable,
+        repos: RepoIndex,
+        health: Callable[[], float],
+    ) -> None:
+        self.ctx = ctx
+        self.runs = runs
+        self.repos = repos
+        self.health = health
+        self.cpu_total = float(psutil.cpu_count() or 1)
+        self.mem_total = psutil.virtual_memory().total / 2**20
+
+    def capabilities(self) -> set[str]:
+        return nodemodules.capabilities(self.ctx.cfg)
+
+    def info(self) -> scoring.NodeInfo:
+        cfg = self.ctx.cfg
+        cpu_used, mem_used = self.runs.used()
+        return scoring.NodeInfo(
+            name=cfg.name,
+            role=cfg.role.upper(),
+            labels=dict(cfg.labels),
+            capabilities=frozenset(self.capabilities()),
+            health=self.health(),
+            cpu_total=self.cpu_total,
+            cpu_used=cpu_used,
+            mem_total_mb=self.mem_total,
+            mem_used_mb=mem_used,
+            runners_total=self.runs.slots.total,
+            runners_used=self.runs.slots.used,
+            repos_owned=frozenset(self.repos.owned()),
+            repos_replica=frozenset(self.repos.replicas()),
+        )

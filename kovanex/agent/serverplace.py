@@ -14,20 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from kovanex import spec as specmod
-from kovanex.agent.placement import Decision, request_of
+from kovanex.agent.context import NodeContext
+from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.repos import RepoIndex
 from kovanex.core import scoring, servers
 from kovanex.core import task as taskcore
+from kovanex.core.scheduler import Decision
 from kovanex.core.strategies import Strategy
 from kovanex.net.httpauth import NODE, Principal, authenticate
-
-if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
 
 log = logging.getLogger("kovanex.agent")
 
@@ -40,20 +40,29 @@ MAX_EXCLUDED = 1024
 class ServerPlacement:
     """Owner side: whether to ask, whom, and what to do when the answer does not come."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(
+        self,
+        ctx: NodeContext,
+        placer: Placer,
+        repos: RepoIndex,
+        members: Callable[[], list[dict[str, Any]]],
+    ) -> None:
+        self.ctx = ctx
+        self.placer = placer
+        self.repos = repos
+        self.members = members  # gossip members as `kovanex members` lists them
         self.down_until: dict[str, float] = {}
 
     def server_for(self, repo: str) -> tuple[str, str] | None:
         """(name, http base) of the repo's server, or None: full nodes and clusters
         without an alive server place locally, as before."""
-        a = self.agent
-        if a.cfg.role != "storage" or a.cluster is None:
+        if self.ctx.cfg.role != "storage":
             return None
+        me = self.ctx.name
         alive = {
             m["name"]: m.get("http", "")
-            for m in a.cluster.members()
-            if m["role"] == "server" and m["status"] == "alive" and m["name"] != a.node
+            for m in self.members()
+            if m["role"] == "server" and m["status"] == "alive" and m["name"] != me
         }
         name = servers.placing_server(repo, alive)
         return None if name is None else (name, alive[name])
@@ -63,13 +72,13 @@ class ServerPlacement:
         repo, task_id = key
         if self.server_for(repo) is None:
             return None
-        ledger = self.agent.ledger(repo)
+        ledger = self.repos.ledger(repo)
         view = ledger.read(task_id)
         if view.state not in (taskcore.QUEUED, taskcore.UNSCHEDULABLE):
             return None
         try:
             spec = specmod.load_spec(
-                ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH, self.agent.cfg.limits
+                ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH, self.ctx.cfg.limits
             )
         except specmod.SpecError:
             return None  # the scheduler marks it unschedulable with the spec's error
@@ -83,20 +92,21 @@ class ServerPlacement:
         if target is None:
             return None
         name, base = target
-        if time.monotonic() < self.down_until.get(name, 0.0):
+        now = self.ctx.clock.monotonic()
+        if now < self.down_until.get(name, 0.0):
             return self._local(repo, task_id, spec, name, "did not answer recently")
         body = request_body(
             request_of(repo, task_id, spec),
-            spec.placement.strategy or self.agent.cfg.strategy,
-            self.agent.placer.excluded(repo, task_id),
+            spec.placement.strategy or self.ctx.cfg.strategy,
+            self.placer.excluded(repo, task_id),
         )
         try:
             if not base.startswith("http://"):
                 raise ValueError(f"no HTTP address in its gossip meta ({base!r})")
-            answer = await asyncio.to_thread(_post, base + PLACE_PATH, body, self.agent.token)
+            answer = await asyncio.to_thread(_post, base + PLACE_PATH, body, self.ctx.token)
             d = decision_of(answer)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            self.down_until[name] = time.monotonic() + SERVER_COOLDOWN_S
+            self.down_until[name] = self.ctx.clock.monotonic() + SERVER_COOLDOWN_S
             why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             log.warning("%s/%s: placement server %s failed (%s); placing locally",
                         repo, task_id, name, why)  # fmt: skip
@@ -108,8 +118,8 @@ class ServerPlacement:
     def _local(
         self, repo: str, task_id: str, spec: specmod.TaskSpec, server: str, why: str
     ) -> Decision:
-        d = self.agent.placer.decide(repo, task_id, spec)
-        d.extra["Placed-By"] = self.agent.node
+        d = self.placer.decide(repo, task_id, spec)
+        d.extra["Placed-By"] = self.ctx.name
         d.extra["Placed-Locally"] = f"server {server} {why}"
         return d
 
@@ -158,21 +168,23 @@ def _post(url: str, body: bytes, token: str) -> Any:
 # -- server side -------------------------------------------------------------------------
 
 
-def answer(agent: Agent, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+def answer(
+    placer: Placer, ctx: NodeContext, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
     """`POST /v1/internal/place`: cluster token only (even when the API is public)."""
-    who = authenticate(headers.get("authorization", ""), agent.token, None)
+    who = authenticate(headers.get("authorization", ""), ctx.token, None)
     if not isinstance(who, Principal) or who.scope != NODE:
         return _json(401, {"error": "the cluster token is required for internal calls"})
     try:
         req, strategy, excl = parse_request(json.loads(body))
-        d = agent.placer.decide_request(req, strategy, excl)
+        d = placer.decide_request(req, strategy, excl)
     except (ValueError, TypeError, KeyError) as e:
         return _json(400, {"error": str(e)})
     log.info("placed %s/%s for a peer: %s (%s)", req.repo, req.task_id, d.node, d.reason)
     return _json(
         200,
         {"node": d.node, "reason": d.reason, "waiting": d.waiting, "extra": d.extra,
-         "server": agent.node},
+         "server": ctx.name},
     )  # fmt: skip
 
 

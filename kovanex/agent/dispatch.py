@@ -1,0 +1,112 @@
+"""Turn ref moves into reconciles: the dispatcher coalesces notifications (hooks, the
+watchdog watcher, finished runs) and the sweeper re-reads everything now and then, as
+anti-entropy for whatever bypassed both."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kovanex.agent.repos import RepoIndex
+from kovanex.agent.scheduling import TaskScheduler
+
+log = logging.getLogger("kovanex.agent")
+# Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
+# watcher alone notices ref writes that bypass the hooks).
+SWEEP_S = float(os.environ.get("KOVANEX_SWEEP_S", "5.0"))
+# A push's ref move wakes us while git is still finishing that push; on 2 cores, starting
+# the task at once slows the push itself. It also coalesces bursts (an atomic push).
+SETTLE_S = 0.02
+
+
+class Dispatcher:
+    def __init__(self, repos: RepoIndex, scheduler: TaskScheduler, replicas: Any) -> None:
+        self.repos = repos
+        self.scheduler = scheduler
+        self.replicas = replicas
+        # repo -> task ids whose refs moved (None: scan the whole repo, e.g. packed-refs)
+        self._dirty: dict[str, set[str] | None] = {}
+        self._announce: set[str] = set()
+        self._kick = asyncio.Event()
+
+    def changed(self, repo: str, task_id: str | None = None) -> None:
+        """Note a moved ref; a known task id avoids re-listing every task of the repo, and
+        "" (a non-task ref, or no repo at all) only needs announcing / a placement pass."""
+        if task_id == "":
+            if repo:
+                self._announce.add(repo)
+        elif task_id is None:
+            if repo:
+                self._dirty[repo] = None
+        elif repo not in self._dirty:
+            self._dirty[repo] = {task_id}
+        elif self._dirty[repo] is not None:
+            self._dirty[repo].add(task_id)  # type: ignore[union-attr]
+        self._kick.set()
+
+    def _tell_replicas(self, repo: str) -> None:
+        if self.replicas.has_replicas(repo):
+            self.replicas.refs_changed(repo)
+            self.replicas.nudge_replicas(repo)
+
+    async def run(self) -> None:
+        while True:
+            await self._kick.wait()
+            await asyncio.sleep(SETTLE_S)
+            self._kick.clear()
+            dirty, self._dirty = self._dirty, {}
+            announce, self._announce = self._announce, set()
+            owned = set(self.repos.owned())
+            for repo in sorted(announce - set(dirty)):
+                if repo in owned:
+                    self._tell_replicas(repo)
+            for repo, tasks in sorted(dirty.items()):
+                if repo not in owned:
+                    continue
+                self._tell_replicas(repo)
+                if tasks is None:
+                    await self.scheduler.reconcile_repo(repo)
+                    continue
+                ledger = self.repos.ledger(repo)
+                for task_id in sorted(tasks):
+                    tip = ledger.tip(task_id)
+                    if tip is not None and tip != self.scheduler.tips.get((repo, task_id)):
+                        await self.scheduler.reconcile_task(repo, task_id)
+            await self.scheduler.schedule_pending()
+
+
+class Sweeper:
+    """Anti-entropy: a periodic full read of the refs catches anything missed."""
+
+    def __init__(
+        self,
+        repos: RepoIndex,
+        scheduler: TaskScheduler,
+        watch: Callable[[str], None],
+        fence: Callable[[], Awaitable[None]],
+        every: float = SWEEP_S,
+    ) -> None:
+        self.repos = repos
+        self.scheduler = scheduler
+        self.watch = watch
+        self.fence = fence
+        self.every = every
+
+    async def sweep(self) -> None:
+        for repo in self.repos.refresh():
+            self.watch(repo)
+        for repo in self.repos.owned():
+            await self.scheduler.reconcile_repo(repo)
+        await self.fence()
+        await self.scheduler.schedule_pending()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweep failed")

@@ -1,0 +1,148 @@
+"""Runs of other owners' tasks (ADR 0008): an owner assigns us a lease over gossip; we
+read and write its branch over HTTP through a cache repo, and watch for a cancel.
+
+No lock is held across the network: the owner's branch is read first, and the task's
+lock only guards the check-and-start that follows (ADR 0016)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from kovanex.agent.context import NodeContext
+from kovanex.agent.deadline import PlacementDeadline
+from kovanex.agent.executor import Lease, TaskRun
+from kovanex.agent.remote import RemoteLedger
+from kovanex.agent.runs import RunTable
+from kovanex.agent.scheduling import TaskLocks
+from kovanex.core import task as taskcore
+from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.net.gossip import GossipNode
+
+log = logging.getLogger("kovanex.agent")
+ASSIGN = "assign"  # gossip topic: an owner placed one of its tasks on a node
+
+
+class RemoteRuns:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        runs: RunTable,
+        locks: TaskLocks,
+        deadline: PlacementDeadline,
+        gossip: GossipNode,
+        replicas: Any,
+    ) -> None:
+        self.ctx = ctx
+        self.runs = runs
+        self.locks = locks
+        self.deadline = deadline
+        self.gossip = gossip
+        self.replicas = replicas
+        self.assignments: dict[str, str] = {}  # repo -> owner base URL, from assign records
+
+    def start(self) -> None:
+        self.gossip.subscribe(ASSIGN, self._on_assign)
+
+    def owner_url(self, repo: str) -> str:
+        """The owner's git URL for a repo we run tasks of (looked up fresh each time)."""
+        o = self.replicas.owner_of(repo)
+        if o is not None:
+            return o[1]  # possibly our own URL, after we took the repo over
+        a = self.assignments.get(repo)
+        if a is None:
+            raise LookupError(f"no known owner for repo {repo}")
+        return f"{a}/git/{repo}.git"
+
+    def owner_desc(self, repo: str) -> str:
+        o = self.replicas.owner_of(repo)
+        if o is None:
+            return "its owner (not yet known to this node; see `kovanex repo status`)"
+        return f"{o[0]} at {o[1]} (ownership epoch {o[2]})"
+
+    def _on_assign(self, topic: str, payload: Any) -> None:
+        value = getattr(payload, "value", None)
+        if not isinstance(value, dict) or value.get("node") != self.ctx.name:
+            return
+        self.assignments[value["repo"]] = value["url"]
+        if (value["repo"], value["task"]) not in self.runs.runs:
+            asyncio.get_running_loop().create_task(self._start(value))
+
+    async def _start(self, a: dict[str, Any]) -> None:
+        repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
+        key = (repo, task_id)
+        try:
+            remote = RemoteLedger(
+                self.ctx.layout.root / "cache" / f"{repo}.git",
+                lambda: self.owner_url(repo),
+                self.ctx.token,
+                self.ctx.name,
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. the cache dir is unusable
+            log.warning("%s/%s: cannot prepare a cache repo: %s", repo, task_id, e)
+            self.deadline.report(repo, task_id, epoch, f"could not prepare: {e}")
+            return
+        try:  # network: before the lock
+            view = await asyncio.to_thread(remote.read, task_id)
+        except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
+            log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
+            self.deadline.report(repo, task_id, epoch, fetch_failure(e))
+            return
+        if view.node != self.ctx.name or view.epoch != epoch:
+            return
+        if view.state == taskcore.RUNNING:
+            # we held this lease before a restart: hand it back under a new epoch
+            tr = taskcore.requeue(view, f"agent {self.ctx.name} restarted; rescheduling")
+            try:
+                await asyncio.to_thread(
+                    remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
+                )
+            except (CasConflict, StaleEpoch):
+                pass
+            return
+        if view.state != taskcore.PLACED:
+            return
+        async with self.locks.of(key):  # local only: the check and the start
+            if key in self.runs.runs:
+                return
+            if not self.runs.slots.try_acquire():
+                self.deadline.report(repo, task_id, epoch, "had no free runner slot", exclude=False)
+                return
+            lease = Lease(repo, task_id, self.ctx.name, epoch)
+            run = self.runs.start(lease, remote, remote.cache, remote=remote)
+        asyncio.get_running_loop().create_task(self._watch(run, remote))
+
+    async def _watch(self, run: TaskRun, remote: RemoteLedger) -> None:
+        """Notice a cancel or a move on the owner while a long step runs."""
+        from kovanex.gitstate import mirror
+
+        ref = f"refs/heads/task/{run.lease.task_id}"
+        while run.key in self.runs.runs and not run.cancel.is_set():
+            await asyncio.sleep(1.0)
+            try:
+                refs = await asyncio.to_thread(mirror.ls_remote, remote.owner_url(), self.ctx.token)
+            except Exception:  # noqa: BLE001 - transient; the next write decides anyway
+                continue
+            if refs.get(ref) not in (None, remote.tip(run.lease.task_id)):
+                try:
+                    view = await asyncio.to_thread(remote.read, run.lease.task_id)
+                except Exception:  # noqa: BLE001
+                    continue
+                if view.epoch != run.lease.epoch or view.node != self.ctx.name:
+                    run.stand_down(
+                        f"lease moved on the owner: {view.state} {view.node}@{view.epoch}"
+                    )
+
+
+def fetch_failure(e: Exception) -> str:
+    """One line for the reason trailer; git's stderr names the HTTP status on a 401/403."""
+    text = str(e)
+    if "Authentication failed" in text:  # git's wording for a 401 it has no credentials for
+        return "could not fetch: 401 (this node's cluster token differs)"
+    for code in ("401", "403", "404"):
+        if f" {code}" in text or f"error: {code}" in text:
+            hint = " (this node's cluster token differs)" if code in ("401", "403") else ""
+            return f"could not fetch: {code}{hint}"
+    last = text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+    return f"could not fetch: {last}"

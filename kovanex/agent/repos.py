@@ -1,0 +1,64 @@
+"""The repos this node holds, and one task ledger per repo (cached: opening a repo and
+globbing the repos dir showed up in profiles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from kovanex import config as cfgmod
+from kovanex.gitstate.ledger import TaskLedger
+from kovanex.gitstate.pygit2store import Pygit2Store
+
+
+class Roles(Protocol):
+    """Which repos we own and which we only mirror (the replica manager knows)."""
+
+    def is_owner(self, repo: str) -> bool: ...
+
+    def is_replica(self, repo: str) -> bool: ...
+
+
+class RepoIndex:
+    def __init__(self, layout: cfgmod.Layout, node: str) -> None:
+        self.layout = layout
+        self.node = node
+        self.roles: Roles | None = None  # set once replication runs; until then we own all
+        self._repos: list[str] | None = None
+        self._ledgers: dict[str, TaskLedger] = {}
+
+    def path(self, repo: str) -> Path:
+        return self.layout.repo(repo)
+
+    def all(self) -> list[str]:
+        if self._repos is None:
+            self.refresh()
+        return list(self._repos or [])
+
+    def refresh(self) -> list[str]:
+        d = self.layout.repos
+        self._repos = (
+            sorted(p.name[:-4] for p in d.glob("*.git") if p.is_dir()) if d.exists() else []
+        )
+        return list(self._repos)
+
+    def ledger(self, repo: str) -> TaskLedger:
+        led = self._ledgers.get(repo)
+        if led is None:
+            led = TaskLedger(Pygit2Store(str(self.path(repo))), node=self.node)
+            self._ledgers[repo] = led
+        return led
+
+    def forget_ledger(self, repo: str) -> None:
+        """Refs were replaced underneath (a takeover promoted them): reopen next time."""
+        self._ledgers.pop(repo, None)
+
+    def owned(self) -> list[str]:
+        if self.roles is None:
+            return self.all()
+        return [r for r in self.all() if self.roles.is_owner(r)]
+
+    def replicas(self) -> list[str]:
+        if self.roles is None:
+            return []
+        return [r for r in self.all() if self.roles.is_replica(r)]

@@ -1,0 +1,75 @@
+"""The runs on this node: runner slots, the compute unit each slot runs as, and the
+TaskRun of each lease we hold."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kovanex.agent.context import NodeContext
+from kovanex.agent.executor import Lease, TaskRun
+from kovanex.runner import RunnerSlots, units
+
+log = logging.getLogger("kovanex.agent")
+Key = tuple[str, str]
+
+
+class RunTable:
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.cfg
+        self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
+        self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
+        self.runs: dict[Key, TaskRun] = {}
+        # wired by the agent: where a run reports a tip it wrote, and that it ended
+        self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
+        self.on_finished: Callable[[str, str], None] = lambda repo, task: None
+
+    def epoch_of(self, key: Key) -> int | None:
+        run = self.runs.get(key)
+        return None if run is None else run.lease.epoch
+
+    def start(
+        self, lease: Lease, ledger: Any, repo_path: Path, request: Any = None, remote: Any = None
+    ) -> TaskRun:
+        """Start a run on a slot the caller has acquired."""
+        run = TaskRun(self, lease, ledger, repo_path, remote=remote)
+        run.request = request
+        self.runs[run.key] = run
+        asyncio.get_running_loop().create_task(run.run())
+        return run
+
+    def stand_down(self, key: Key, why: str) -> None:
+        run = self.runs.get(key)
+        if run is not None:
+            run.stand_down(why)
+
+    def finished(self, run: TaskRun) -> None:
+        self.runs.pop(run.key, None)
+        self.slots.release()
+        self.on_finished(*run.key)
+
+    def busy_units(self) -> dict[int, str]:
+        return {
+            r.unit.index: f"{r.lease.repo}/{r.lease.task_id}" for r in self.runs.values() if r.unit
+        }
+
+    def used(self) -> tuple[float, float]:
+        """CPU and memory the running tasks asked for, for the local node's score."""
+        cpu = mem = 0.0
+        for run in self.runs.values():
+            if run.request is not None:
+                cpu += run.request.cpu
+                mem += run.request.memory_mb
+        return cpu, mem
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stand every run down (each resumes when an agent restarts) and wait for them."""
+        for run in list(self.runs.values()):
+            run.stand_down("agent stopping; the task resumes when an agent restarts")
+        deadline = self.ctx.clock.monotonic() + timeout
+        while self.runs and self.ctx.clock.monotonic() < deadline:
+            await asyncio.sleep(0.05)

@@ -1,0 +1,235 @@
+"""The owner's scheduling shell: reads branches, asks the placer, carries out what the
+scheduler decider (`core/scheduler.py`) returns.
+
+Every decision is the core's; this service only gathers its inputs (a task's view, the
+placer's decision, whether a slot is free) and executes its effects, stopping at the
+first refused write and asking again on what the branch says now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kovanex import spec as specmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.executor import Lease, kill_orphan
+from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.repos import RepoIndex
+from kovanex.agent.runs import RunTable
+from kovanex.agent.serverplace import ServerPlacement
+from kovanex.core import scheduler
+from kovanex.core import task as taskcore
+from kovanex.core.effects import (
+    Assign,
+    KillOrphan,
+    QueueSubmission,
+    StandDown,
+    StartRun,
+    WriteRef,
+)
+from kovanex.gitstate.ledger import task_id_of, transition_of
+from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
+
+log = logging.getLogger("kovanex.agent")
+Key = tuple[str, str]
+
+
+class TaskLocks:
+    """One lock per task: a decision and its write happen without another in between.
+    Never held across network I/O (ADR 0016): callers fetch first, then lock."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Key, asyncio.Lock] = {}
+
+    def of(self, key: Key) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+
+class TaskScheduler:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        repos: RepoIndex,
+        runs: RunTable,
+        placer: Placer,
+        server_placement: ServerPlacement,
+        locks: TaskLocks,
+    ) -> None:
+        self.ctx = ctx
+        self.repos = repos
+        self.runs = runs
+        self.placer = placer
+        self.server_placement = server_placement
+        self.locks = locks
+        self.core = scheduler.Scheduler(ctx.name)
+        self.tips: dict[Key, str] = {}
+        # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
+        # notice the ref move before post-receive arrives, and must still honour them.
+        self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
+        # wired by the agent
+        self.watch_lease: Callable[[Key, taskcore.TaskView], None] = lambda key, view: None
+        self.announce: Callable[[Assign], None] = lambda a: None
+        self.kick: Callable[[str], None] = lambda repo: None
+        self.can_place_remotely: Callable[[], bool] = lambda: False
+
+    @property
+    def pending(self) -> dict[Key, tuple[str, int]]:
+        return self.core.pending
+
+    def saw_tip(self, repo: str, task_id: str, tip: str) -> None:
+        self.tips[(repo, task_id)] = tip
+
+    def priority(self, key: Key) -> int:
+        ledger = self.repos.ledger(key[0])
+        tip = ledger.tip(key[1])
+        if tip is None:
+            return scheduler.DEFAULT_PRIORITY
+        return scheduler.priority_of(transition_of(c.message) for c in ledger.store.walk(tip))
+
+    # -- reconcile: what a branch says now -------------------------------------------------
+    async def reconcile_all(self) -> None:
+        for repo in self.repos.owned():
+            await self.reconcile_repo(repo, force=True)
+        await self.schedule_pending()
+
+    async def reconcile_repo(self, repo: str, force: bool = False) -> None:
+        if not self.repos.path(repo).exists():
+            return
+        refs = self.repos.ledger(repo).store.refs("refs/heads/task/")
+        for ref, tip in sorted(refs.items()):
+            task_id = task_id_of(ref)
+            if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
+                await self.reconcile_task(repo, task_id)
+
+    async def reconcile_task(self, repo: str, task_id: str) -> None:
+        async with self.locks.of((repo, task_id)):
+            await self._reconcile(repo, task_id)
+
+    def after_write(self, repo: str, task_id: str) -> None:
+        """Another service wrote a transition (under the task's lock): take it in."""
+        view = self.repos.ledger(repo).read(task_id)
+        self._observe(repo, view)
+
+    def _observe(
+        self, repo: str, view: taskcore.TaskView, skipped: bool = False
+    ) -> list[scheduler.Effect]:
+        key = (repo, view.task_id)
+        self.tips[key] = view.tip
+        self.watch_lease(key, view)
+        effects = self.core.observe(
+            repo,
+            view,
+            run_epoch=self.runs.epoch_of(key),
+            priority=lambda: self.priority(key),
+            skipped=skipped,
+        )
+        for e in effects:
+            if isinstance(e, StandDown):
+                self.runs.stand_down(key, e.reason)
+        return [e for e in effects if not isinstance(e, StandDown)]
+
+    async def _reconcile(self, repo: str, task_id: str) -> None:
+        ledger = self.repos.ledger(repo)
+        for _ in range(3):  # each round follows one write; a branch needs at most two
+            view = ledger.read(task_id)
+            opts = None
+            skipped = False
+            if view.state == taskcore.SUBMITTED:
+                opts = self.push_opts.pop((repo, task_id, view.tip), None)
+                if opts is not None and opts.skip:
+                    record_push(
+                        ledger, [RefUpdate("", view.tip, f"refs/heads/task/{task_id}")], opts
+                    )
+                skipped = is_skipped(ledger, task_id, view.tip)
+            effects = self._observe(repo, view, skipped)
+            if not effects or not self._execute(repo, effects, opts):
+                return
+
+    # -- placement ---------------------------------------------------------------------
+    async def schedule_pending(self) -> None:
+        """Place queued tasks, highest priority first; capacity waits keep them queued."""
+        for key in self.core.order():
+            if self.runs.slots.free == 0 and not self.can_place_remotely():
+                return  # nothing can start until a slot frees; that kicks us again
+            await self.schedule(key)
+
+    async def schedule(self, key: Key) -> None:
+        repo, task_id = key
+        asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
+        async with self.locks.of(key):
+            ledger = self.repos.ledger(repo)
+            view = ledger.read(task_id)
+            if view.state not in scheduler.WAITING:
+                self.core.pending.pop(key, None)
+                return
+            if asked is not None and asked[0] != view.tip:
+                return  # it moved while the server decided; that move kicks another pass
+            try:
+                spec = specmod.load_spec(
+                    ledger.spec_bytes(task_id) or b"", specmod.SPEC_PATH, self.ctx.cfg.limits
+                )
+            except specmod.SpecError as e:
+                bad = scheduler.Decision(reason=f"invalid spec: {e}")
+                self._execute(repo, self.core.decide(repo, view, bad, slot_free=False))
+                self.core.pending.pop(key, None)  # only a new push can change that
+                return
+            decision = asked[1] if asked else self.placer.decide(repo, task_id, spec)
+            effects = self.core.decide(repo, view, decision, slot_free=self.runs.slots.free > 0)
+            if not effects:
+                return
+            starts = any(isinstance(e, StartRun) for e in effects)
+            if starts and not self.runs.slots.try_acquire():
+                self._observe(repo, view)  # back in the queue; a slot release kicks us
+                return
+            if not self._execute(repo, effects, request=request_of(repo, task_id, spec)):
+                if starts:
+                    self.runs.slots.release()
+                return
+            self._observe(repo, ledger.read(task_id))
+
+    # -- effects -----------------------------------------------------------------------
+    def _execute(
+        self,
+        repo: str,
+        effects: list[scheduler.Effect],
+        opts: PushOptions | None = None,
+        request: Any = None,
+    ) -> bool:
+        """Carry out effects in order; False at the first refused write (nothing after it
+        runs: a placement whose write lost must not start)."""
+        ledger = self.repos.ledger(repo)
+        for e in effects:
+            key = (repo, e.task_id)
+            if isinstance(e, WriteRef):
+                try:
+                    tip = ledger.append(
+                        e.task_id,
+                        e.transition,
+                        expected_tip=e.expected_tip,
+                        lease_epoch=e.transition.epoch,
+                    )
+                except (CasConflict, StaleEpoch):
+                    self.kick(repo)  # someone else moved it: re-read on the next pass
+                    return False
+                self.tips[key] = tip
+                if e.transition.state == taskcore.QUEUED and e.transition.reason:
+                    log.info("%s/%s requeued: %s", repo, e.task_id, e.transition.reason)
+            elif isinstance(e, QueueSubmission):
+                prio = opts.priority if opts is not None else None
+                queue_submission(ledger, e.task_id, prio, self.ctx.cfg.limits)
+            elif isinstance(e, KillOrphan):
+                pidfile = self.ctx.layout.run / "steps" / f"{repo}__{e.task_id}.json"
+                if kill_orphan(pidfile):
+                    log.info("%s/%s: killed an orphaned step from before the restart", *key)
+            elif isinstance(e, StartRun):
+                lease = Lease(repo, e.task_id, self.ctx.name, e.epoch)
+                self.runs.start(lease, ledger, self.repos.path(repo), request=request)
+            elif isinstance(e, Assign):
+                self.announce(e)
+            elif isinstance(e, StandDown):
+                self.runs.stand_down(key, e.reason)
+        return True
