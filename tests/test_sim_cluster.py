@@ -9,6 +9,7 @@ import os
 import pytest
 
 from kovanex.sim.__main__ import main
+from kovanex.sim.ownership import AVAILABLE
 from kovanex.sim.run import simulate
 from tests.conftest import seeds
 
@@ -66,3 +67,15 @@ def test_soak_ten_thousand_seeds() -> None:
     chosen = seeds(1) if os.environ.get("KOVANEX_SEED") else range(1, 10_001)
     bad = [r for r in (simulate(s) for s in chosen) if not r.ok]
     assert not bad, "\n".join(f"KOVANEX_SEED={r.seed}: {r.violations[:3]}" for r in bad[:20])
+
+
+@pytest.mark.skipif(not AVAILABLE, reason="kovanex/core/takeover.py is not in this tree yet")
+@pytest.mark.parametrize("seed", seeds(60))
+def test_the_ownership_decider_keeps_every_invariant(seed: int) -> None:
+    """The same scenarios with ownership decided by core/takeover.decide. Seeds 27 and
+    40 are split takeovers at one epoch: every bystander must end up agreeing on the
+    lower name, as ADR 0007 says."""
+    r = simulate(seed, ownership="decider")
+    assert r.ok, "\n".join(
+        [*r.violations, f"replay: python -m kovanex.sim --seed {seed} --ownership decider --log"]
+    )

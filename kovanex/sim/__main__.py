@@ -31,7 +31,7 @@ def _report_one(r: Result, log: bool) -> None:
             print(f"  {line}")
     print(
         f"{r.tasks} tasks, {r.acked} acknowledged pushes, settled at t={r.settled_at:.1f}, "
-        f"{r.events} events"
+        f"{r.events} events, ownership by {r.ownership}"
     )
     _gaps(r.gaps)
 
@@ -48,6 +48,8 @@ def _fail(r: Result, strict: bool) -> None:
     for v in r.violations:
         print(f"  ! {v}")
     extra = " --strict" if strict else ""
+    if r.ownership == "decider":
+        extra += " --ownership decider"
     print(f"KOVANEX_SEED={r.seed}  (replay: python -m kovanex.sim --seed {r.seed}{extra} --log)")
 
 
@@ -58,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seeds", type=_range, help="sweep a range, e.g. 1..500")
     ap.add_argument("--strict", action="store_true", help="known gaps count as violations")
     ap.add_argument("--log", action="store_true", help="print each seed's event log")
+    ap.add_argument(
+        "--ownership",
+        choices=["decider", "replication"],
+        help="ownership rules: core/replication.py (default) or the core/takeover.py decider",
+    )
     args = ap.parse_args(argv)
     if args.seed is not None:
-        r = simulate(args.seed, strict=args.strict)
+        r = simulate(args.seed, strict=args.strict, ownership=args.ownership)
         _report_one(r, args.log)
         if r.ok:
             print(f"seed {r.seed}: every invariant holds")
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     kinds: Counter[str] = Counter()
     for seed in args.seeds:
-        r = simulate(seed, strict=args.strict)
+        r = simulate(seed, strict=args.strict, ownership=args.ownership)
         kinds.update(g.split(" (")[0].split(":")[0] for g in r.gaps)
         if not r.ok:
             failed += 1

@@ -43,6 +43,7 @@ from kovanex.core.scheduler import (
 from kovanex.core.scoring import NodeInfo
 from kovanex.gitstate.ledger import transition_of
 from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.sim.ownership import DecidedRepos
 from kovanex.sim.repos import Disk, Repos, own_of
 from kovanex.sim.runner import SimRun
 from kovanex.sim.world import World
@@ -69,7 +70,7 @@ class SimAgent:
     # ------------------------------------------------------------ lifecycle
     def _boot(self) -> None:
         """Everything in memory starts empty; the disk is kept."""
-        self.repos = Repos(self, self.disk)
+        self.repos = (DecidedRepos if self.w.decider else Repos)(self, self.disk)
         self.sched = Scheduler(self.name)
         self.runs: dict[Key, SimRun] = {}
         self.seen: dict[Key, int] = {}  # newest lease epoch we were assigned per task
@@ -128,6 +129,7 @@ class SimAgent:
         if e.topic in (MEMBER_FAILED, MEMBER_LEAVE):
             self.on_member_failed(e.payload.name)
         elif e.topic == MEMBER_JOIN:
+            self.repos.on_member_joined(e.payload.name)
             for repo in self.repos.owned():
                 self.kick(repo)
         elif e.topic == "owner":
@@ -182,12 +184,9 @@ class SimAgent:
         self.pass_repo(repo)
 
     def pass_all(self) -> None:
-        for repo in sorted(self.disk.meta):
-            if self.repos.owns(repo):
-                self.repos.refill(repo)
-                self.pass_repo(repo)
-            else:
-                self.repos.try_takeover(repo)
+        self.repos.tick()
+        for repo in self.repos.owned():
+            self.pass_repo(repo)
 
     def anti_entropy(self) -> None:
         for repo in sorted(self.disk.stores):

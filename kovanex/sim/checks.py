@@ -133,10 +133,12 @@ def _gap_kind(w: World, ack: Acked) -> str:
         return "async replication lag at failover (ADR 0007 RPO)"
     if ack.level == "sync":
         takers = [t for e, t, _ in w.takeovers.get(ack.repo, []) if e == ack.owner_epoch + 1]
-        if takers and all(t not in ack.replicas for t in takers):
+        stale = sorted({t for t in takers if t not in ack.replicas})
+        if stale:
+            split = f"; {len(set(takers))} took over at one epoch" if len(set(takers)) > 1 else ""
             return (
                 "stale-record takeover (a replica dropped from a sync repo's set took it over "
-                f"on its old record: {', '.join(takers)} not in {list(ack.replicas)})"
+                f"on its old record: {', '.join(stale)} not in {list(ack.replicas)}{split})"
             )
     return ""
 

@@ -76,7 +76,8 @@ class Repos:
     def store(self, repo: str) -> SimStore:
         s = self.disk.stores.get(repo)
         if s is None:
-            s = self.disk.stores[repo] = SimStore(self.w.objects)
+            where = f"{self.me}/{repo}"
+            s = self.disk.stores[repo] = SimStore(self.w.objects, where, self.w.trace)
             self.disk.ledgers[repo] = TaskLedger(s, self.me, time=0)
         return s
 
@@ -120,6 +121,20 @@ class Repos:
         for repo, o in sorted(self.disk.meta.items()):
             if o.owner == name and self.me in o.replicas:
                 self.a.after(SETTLE, self.try_takeover, repo)
+        for repo in self.owned():
+            self.refill(repo)
+
+    def on_member_joined(self, name: str) -> None:
+        for repo in self.owned():
+            self.refill(repo)
+
+    def tick(self) -> None:
+        """The periodic pass: replica placement for owned repos, missed takeovers."""
+        for repo in sorted(self.disk.meta):
+            if self.owns(repo):
+                self.refill(repo)
+            else:
+                self.try_takeover(repo)
 
     def try_takeover(self, repo: str) -> None:
         o = self.disk.meta.get(repo)
@@ -138,33 +153,36 @@ class Repos:
         }
         if successor(o, live, tips, owner_tips) != self.me:
             return
-        new = takeover(o, self.me).new
-        members = [MemberView(n) for n in live]
-        reps = choose_replicas(self.me, members, o.replicas_wanted, new.replicas, salt=repo)
-        new = replace(new, replicas=tuple(reps))
+        self._took_over(repo, o, takeover(o, self.me).new)
+        self.refill(repo)
+
+    def _took_over(self, repo: str, old: Ownership, new: Ownership) -> None:
+        """Write the new record, promote sync-acked commits that descend from our refs
+        (or name new refs), publish, and start scheduling the repo."""
         self.disk.meta[repo] = new
         self.disk.synced[repo] = (self.me, new.epoch)
         self.w.max_epoch[repo] = max(self.w.max_epoch.get(repo, 0), new.epoch)
-        self.w.takeovers.setdefault(repo, []).append((new.epoch, self.me, o.replicas))
+        self.w.takeovers.setdefault(repo, []).append((new.epoch, self.me, old.replicas))
         store = self.store(repo)
         for ref, oid in sorted(self.disk.staged.pop(repo, {}).items()):
             real = store.get_ref(ref)
             if real is None or store.contains(oid, real):
-                store.force_ref(ref, oid)  # promote an acknowledged sync write
-        self.w.note(f"{self.me}: took over {repo} at epoch {new.epoch} (was {o.owner})")
+                store.force_ref(ref, oid)
+        self.w.note(f"{self.me}: took over {repo} at epoch {new.epoch} (was {old.owner})")
         self.publish_owner(repo)
         self.a.kick(repo)
         self.changed(repo)
 
     def refill(self, repo: str) -> None:
-        """Keep the replica set full with live members (same epoch: only we may change it)."""
+        """Keep `replicas_wanted` replicas on alive (or suspect) members: the same epoch,
+        so only the owner may change the set."""
         o = self.disk.meta[repo]
-        if o.level == "none":
+        if o.level == "none" or o.owner != self.me:
             return
         status = self.w.status_view(self.me)
-        members = [MemberView(n) for n, s in status.items() if s == "alive"]
+        members = [MemberView(n, "full", s in ("alive", "suspect")) for n, s in status.items()]
         reps = tuple(choose_replicas(self.me, members, o.replicas_wanted, o.replicas, salt=repo))
-        if reps != o.replicas and len(reps) >= len(o.replicas):
+        if reps != o.replicas:
             self.disk.meta[repo] = replace(o, replicas=reps)
             self.publish_owner(repo)
             self.changed(repo)

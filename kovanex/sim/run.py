@@ -10,9 +10,11 @@ from kovanex.gitstate.ledger import SPEC_PATH
 from kovanex.gitstate.store import EMPTY_TREE
 from kovanex.sim import checks
 from kovanex.sim.agents import SimAgent
+from kovanex.sim.ownership import AVAILABLE
 from kovanex.sim.scenario import Push, Scenario, generate, spec_toml
 from kovanex.sim.world import Acked, World
 
+DEFAULT_OWNERSHIP = "replication"  # core/takeover.py is opt-in until it is on main (ADR 0019)
 BUDGET = 400.0  # virtual seconds after the last fault for every task to finish
 PUSH_TRIES = 6
 PUSH_RETRY = 8.0
@@ -36,6 +38,7 @@ class Result:
     settled_at: float
     events: int
     log: list[str] = field(default_factory=list)
+    ownership: str = ""
 
     @property
     def ok(self) -> bool:
@@ -45,9 +48,12 @@ class Result:
 class Driver:
     """Feeds a scenario's pushes and faults into a world."""
 
-    def __init__(self, sc: Scenario, verbose: bool = False) -> None:
+    def __init__(self, sc: Scenario, verbose: bool = False, ownership: str | None = None) -> None:
         self.sc = sc
-        w = self.w = World(sc.seed, len(sc.nodes), loss=sc.loss, verbose=verbose)
+        decider = (ownership or DEFAULT_OWNERSHIP) == "decider"
+        if decider and not AVAILABLE:
+            raise ValueError("ownership 'decider' needs kovanex/core/takeover.py")
+        w = self.w = World(sc.seed, len(sc.nodes), loss=sc.loss, verbose=verbose, decider=decider)
         for i, name in enumerate(sc.nodes):
             w.agents[name] = SimAgent(w, name, sc.labels[name], sc.seed * 7919 + i)
         for r in sc.repos:
@@ -185,9 +191,13 @@ class Driver:
         return not checks.one_owner(w, repos) and not checks.unfinished(w, repos)[0]
 
 
-def simulate(seed: int, strict: bool = False, verbose: bool = False) -> Result:
+def simulate(
+    seed: int, strict: bool = False, verbose: bool = False, ownership: str | None = None
+) -> Result:
+    """Run one seed. `ownership`: "replication" (the default: ADR 0007's rules applied
+    through core/replication.py) or "decider" (core/takeover.py, when the tree has it)."""
     sc = generate(seed)
-    d = Driver(sc, verbose)
+    d = Driver(sc, verbose, ownership)
     w = d.w
     settled = w.run_until(sc.quiet_at + BUDGET, d.settled)
     repos = [r.name for r in sc.repos]
@@ -214,4 +224,5 @@ def simulate(seed: int, strict: bool = False, verbose: bool = False) -> Result:
         w.now,
         w.loop.events,
         w.trace.log,
+        "decider" if w.decider else "replication",
     )

@@ -30,14 +30,26 @@ class SimStore(MemoryStore):
     whole world (objects are immutable and content-addressed, so sharing them only skips
     the copy a fetch would make; what a node *has* is what its refs reach)."""
 
-    def __init__(self, objects: MemoryStore) -> None:
+    def __init__(self, objects: MemoryStore, where: str = "", trace: Trace | None = None) -> None:
         super().__init__()
         self._blobs = objects._blobs
         self._trees = objects._trees
         self._commits = objects._commits
+        self.where = where
+        self.trace = trace
 
     def force_ref(self, name: str, oid: str | None) -> None:
-        """A forced update (a fetch following its upstream); None deletes."""
+        """A forced update (a fetch following its upstream); None deletes. Checked live:
+        a branch tip that is not kept by the new tip must already be under lost/."""
+        old = self._refs.get(name)
+        if name.startswith("refs/heads/") and old is not None and self.trace is not None:
+            if not self.contains(oid, old) and not any(
+                self.contains(t, old) for t in self.refs(LOST).values()
+            ):
+                self.trace.violations.append(
+                    f"{self.where}: {name} moved {old[:10]} -> {(oid or 'deleted')[:10]} "
+                    "without keeping the old tip under refs/kovanex/lost/"
+                )
         if oid is None:
             self._refs.pop(name, None)
         else:
@@ -89,7 +101,9 @@ class Trace:
 class World:
     """The cluster plus the plumbing between agents; agents live in `kovanex.sim.agents`."""
 
-    def __init__(self, seed: int, n: int, loss: float = 0.0, verbose: bool = False) -> None:
+    def __init__(
+        self, seed: int, n: int, loss: float = 0.0, verbose: bool = False, decider: bool = False
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed ^ 0xC1)
         self.cluster = SimCluster(n, profile("lan"), seed, loss=loss, record_events=False)
@@ -98,6 +112,7 @@ class World:
         self.objects = MemoryStore()
         self.trace = Trace()
         self.verbose = verbose
+        self.decider = decider  # ownership by core/takeover.py (else core/replication.py)
         self.partitioned = False
         self.step_ok = 0.85  # chance that a simulated step succeeds
         self.max_epoch: dict[str, int] = {}  # repo -> highest ownership epoch ever written
