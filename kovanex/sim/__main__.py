@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds: Counter[str] = Counter()
     for seed in args.seeds:
         r = simulate(seed, strict=args.strict, ownership=args.ownership)
-        kinds.update(g.split(" (")[0].split(":")[0] for g in r.gaps)
+        kinds.update({g.split(" (")[0].split(":")[0] for g in r.gaps})
         if not r.ok:
             failed += 1
             _fail(r, args.strict)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     n = len(args.seeds)
     print(f"{n} seeds, {failed} failing, {time.perf_counter() - t0:.1f}s")
     if kinds:
-        print("known gaps seen (ADR 0019):")
+        print("known gaps seen (ADR 0019), seeds showing each:")
         for k, c in kinds.most_common():
             print(f"  {c:5d}  {k}")
     return 1 if failed else 0

@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Any
 
 from kovanex import spec as specmod
-from kovanex.agent.placement import request_of
 from kovanex.core import scoring, startwatch
 from kovanex.core import task as taskcore
 from kovanex.core.effects import (
@@ -48,6 +47,8 @@ from kovanex.sim.repos import Disk, Repos, own_of
 from kovanex.sim.runner import SimRun
 from kovanex.sim.world import World
 
+DEFAULT_CPU = 0.1  # as agent/placement.py: the simulator may not import the agent layer
+DEFAULT_MEM_MB = 64
 SLOTS = 2
 PASS_EVERY = 1.0
 FETCH_EVERY = 10.0
@@ -339,3 +340,17 @@ class SimAgent:
         return Decision(
             node=result.node, reason=result.reason, extra={"Score": f"{result.score:.3f}"}
         )
+
+
+def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskRequest:
+    """The placement request for a spec, as agent/placement.request_of builds it."""
+    p = spec.placement
+    return scoring.TaskRequest(
+        task_id=task_id,
+        repo=repo,
+        labels=dict(p.labels),
+        requires=frozenset(p.requires),
+        cpu=p.cpu if p.cpu is not None else DEFAULT_CPU,
+        memory_mb=p.memory_mb if p.memory_mb is not None else DEFAULT_MEM_MB,
+        priority=spec.priority,
+    )
