@@ -32,6 +32,10 @@ def data_dir(arg: str | None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
+GOSSIP_PORT = 7946  # Serf's and memberlist's port, so a firewall rule reads familiar
+GOSSIP_BIND = f"127.0.0.1:{GOSSIP_PORT}"
+
+
 @dataclass
 class Layout:
     root: Path
@@ -101,7 +105,7 @@ class NodeConfig:
     labels: dict[str, str] = field(default_factory=dict)
     capabilities: list[str] = field(default_factory=list)
     runner_slots: int = 2
-    gossip_bind: str = "127.0.0.1:7946"
+    gossip_bind: str = GOSSIP_BIND
     gossip_profile: str = "lan"
     gossip_label: str = ""
     gossip_overrides: dict[str, Any] = field(default_factory=dict)
@@ -171,7 +175,7 @@ class NodeConfig:
             labels={str(k): str(v) for k, v in node.get("labels", {}).items()},
             capabilities=[str(c) for c in node.get("capabilities", [])],
             runner_slots=int(node.get("runner_slots", 2)),
-            gossip_bind=str(gossip.get("bind", "127.0.0.1:7946")),
+            gossip_bind=str(gossip.get("bind", GOSSIP_BIND)),
             gossip_profile=str(gossip.get("profile", "lan")),
             gossip_label=str(gossip.get("label", "")),
             gossip_overrides=dict(gossip.get("overrides", {})),
@@ -246,7 +250,7 @@ def parse_labels(items: list[str] | str | None) -> dict[str, str]:
     return out
 
 
-def parse_addr(text: str, default_port: int = 7946) -> tuple[str, int]:
+def parse_addr(text: str, default_port: int = GOSSIP_PORT) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep:
         return text, default_port

@@ -54,7 +54,7 @@ class SpecError(Exception):
 
 
 @dataclass(frozen=True)
-class Placement:
+class PlacementSpec:
     labels: dict[str, str] = field(default_factory=dict)
     requires: tuple[str, ...] = ()
     strategy: str | None = None  # None: the cluster default applies
@@ -86,7 +86,7 @@ class TaskSpec:
     retries: int = 0
     failover: str = "split_brain_allowed"
     description: str = ""
-    placement: Placement = field(default_factory=Placement)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
     agent: AgentSpec | None = None
     log_bytes: int = DEFAULT_LOG_BYTES
 
@@ -297,7 +297,7 @@ def _load_cached(data: bytes, path: str, limits: InputLimits) -> TaskSpec:
 
 def _build(doc: dict[str, Any]) -> TaskSpec:
     pl = doc.get("placement", {})
-    placement = Placement(
+    placement = PlacementSpec(
         labels=dict(pl.get("labels", {})),
         requires=tuple(pl.get("requires", ())),
         strategy=pl.get("strategy"),

@@ -32,7 +32,7 @@ def test_minimal_spec_gets_defaults() -> None:
     t = load_spec(MINIMAL)
     assert (t.kind, t.priority, t.retries, t.failover) == ("job", 50, 0, "split_brain_allowed")
     assert t.description == "" and t.agent is None
-    assert t.placement == spec.Placement()
+    assert t.placement == spec.PlacementSpec()
     assert t.steps == (spec.Step(name="build", run="make", timeout_s=3600),)
 
 
@@ -66,7 +66,7 @@ context = ["src/", "README.md"]
     t = load_spec(data)
     assert t.kind == "deployment" and t.priority == 100 and t.retries == 10
     assert t.failover == "absolute_consistency" and t.description == "d"
-    assert t.placement == spec.Placement(
+    assert t.placement == spec.PlacementSpec(
         labels={"env": "dev", "zone": "a"},
         requires=("sast", "gpu"),
         strategy="locality",

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ import psutil
 
 from kovanex import spec as specmod
 from kovanex.core import task as taskcore
+from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.runner import logs as runlogs
 from kovanex.runner import unitrepo, worktree
@@ -34,14 +34,6 @@ log = logging.getLogger("kovanex.executor")
 
 class StandDown(Exception):
     """The lease is no longer ours; stop without writing."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    repo: str
-    task_id: str
-    node: str
-    epoch: int
 
 
 class TaskRun:

@@ -12,11 +12,12 @@ from typing import Any
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.deadline import PlacementDeadline
-from kovanex.agent.executor import Lease, TaskRun
+from kovanex.agent.executor import TaskRun
 from kovanex.agent.remote import RemoteLedger
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import task as taskcore
+from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.gossip import GossipNode
 
@@ -109,7 +110,7 @@ class RemoteRuns:
             if not self.runs.slots.try_acquire():
                 self.deadline.report(repo, task_id, epoch, "had no free runner slot", exclude=False)
                 return
-            lease = Lease(repo, task_id, self.ctx.name, epoch)
+            lease = Lease(task_id, self.ctx.name, epoch, repo=repo)
             run = self.runs.start(lease, remote, remote.cache, remote=remote)
         asyncio.get_running_loop().create_task(self._watch(run, remote))
 

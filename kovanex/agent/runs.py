@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kovanex.agent.context import NodeContext
-from kovanex.agent.executor import Lease, TaskRun
+from kovanex.agent.executor import TaskRun
+from kovanex.gitstate.ledger import Lease
 from kovanex.runner import RunnerSlots, units
 
 log = logging.getLogger("kovanex.agent")
@@ -24,6 +25,8 @@ class RunTable:
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
         self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
         self.runs: dict[Key, TaskRun] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
         # wired by the agent: where a run reports a tip it wrote, and that it ended
         self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
         self.on_finished: Callable[[str, str], None] = lambda repo, task: None
@@ -39,6 +42,7 @@ class RunTable:
         run = TaskRun(self, lease, ledger, repo_path, remote=remote)
         run.request = request
         self.runs[run.key] = run
+        self._idle.clear()
         asyncio.get_running_loop().create_task(run.run())
         return run
 
@@ -49,6 +53,8 @@ class RunTable:
 
     def finished(self, run: TaskRun) -> None:
         self.runs.pop(run.key, None)
+        if not self.runs:
+            self._idle.set()
         self.slots.release()
         self.on_finished(*run.key)
 
@@ -70,6 +76,7 @@ class RunTable:
         """Stand every run down (each resumes when an agent restarts) and wait for them."""
         for run in list(self.runs.values()):
             run.stand_down("agent stopping; the task resumes when an agent restarts")
-        deadline = self.ctx.clock.monotonic() + timeout
-        while self.runs and self.ctx.clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("%d runs did not stop within %.0fs", len(self.runs), timeout)

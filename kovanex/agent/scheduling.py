@@ -15,7 +15,7 @@ from typing import Any
 
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
-from kovanex.agent.executor import Lease, kill_orphan
+from kovanex.agent.executor import kill_orphan
 from kovanex.agent.placement import Placer, request_of
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
@@ -30,7 +30,7 @@ from kovanex.core.effects import (
     StartRun,
     WriteRef,
 )
-from kovanex.gitstate.ledger import task_id_of, transition_of
+from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
 
@@ -226,7 +226,7 @@ class TaskScheduler:
                 if kill_orphan(pidfile):
                     log.info("%s/%s: killed an orphaned step from before the restart", *key)
             elif isinstance(e, StartRun):
-                lease = Lease(repo, e.task_id, self.ctx.name, e.epoch)
+                lease = Lease(e.task_id, self.ctx.name, e.epoch, repo=repo)
                 self.runs.start(lease, ledger, self.repos.path(repo), request=request)
             elif isinstance(e, Assign):
                 self.announce(e)

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--role", default="full", choices=cfgmod.ROLES)
     p.add_argument("--capabilities", default="", help="comma-separated capabilities")
     p.add_argument("--runners", type=int, default=2, help="runner slots (default 2)")
-    p.add_argument("--bind", default="127.0.0.1:7946", help="gossip HOST:PORT (port 0: pick)")
+    p.add_argument("--bind", default=cfgmod.GOSSIP_BIND, help="gossip HOST:PORT (port 0: pick)")
     p.add_argument("--http", default="127.0.0.1:0", help="HTTP listener HOST:PORT (0: pick)")
     p.add_argument(
         "--token",

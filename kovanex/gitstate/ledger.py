@@ -62,10 +62,14 @@ class AlreadyClaimed(Exception):
 
 @dataclass(frozen=True)
 class Lease:
+    """A node's right to run a task, fenced by its epoch; `tip` is the placement commit
+    when the ledger wrote it, `repo` says whose branch it is when a runner holds it."""
+
     task_id: str
     node: str
     epoch: int
-    tip: str
+    tip: str = ""
+    repo: str = ""
 
 
 def subject_for(task_id: str, tr: Transition) -> str:

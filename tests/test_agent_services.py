@@ -1,0 +1,240 @@
+"""The agent's services in process: the placer, the scheduling shell and a TaskRun, on a
+real bare repo, with no agent process, no gossip and no HTTP. Each runs in well under a
+second, so scheduling and resume decisions no longer need an agent process to test."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.placement import Placer
+from kovanex.agent.repos import RepoIndex
+from kovanex.agent.runs import RunTable
+from kovanex.agent.scheduling import TaskLocks, TaskScheduler
+from kovanex.core import task as taskcore
+from kovanex.core.effects import Assign
+from kovanex.core.scheduler import Decision
+from kovanex.gitstate import TaskLedger
+from kovanex.gitstate.ledger import task_ref
+from kovanex.gitstate.memory import MemoryStore
+from kovanex.testing import FakeClock, node_info
+
+USER = ("Ada", "ada@example.invalid")
+SPEC = b"""
+[[steps]]
+name = "one"
+run = "echo one > one.txt"
+
+[[steps]]
+name = "two"
+run = "test -f one.txt && echo two"
+"""
+
+
+def submit(led: TaskLedger, tid: str, spec: bytes = SPEC) -> str:
+    """What a user's push leaves behind: a commit carrying the spec on task/<tid>."""
+    s = led.store
+    tree = s.tree_with(None, {".kovanex/task.toml": spec})
+    c = s.create_commit(tree, [], "my task\n", USER, 100)
+    s.cas_ref(task_ref(tid), c, None)
+    return c
+
+
+def placer_over(nodes: list, ledger: TaskLedger) -> Placer:
+    return Placer(lambda: nodes, lambda repo: ledger, lambda: "best-fit")
+
+
+# -- the placer -----------------------------------------------------------------------------
+
+
+def test_placer_follows_labels_over_the_nodes_it_is_given() -> None:
+    led = TaskLedger(MemoryStore(), node="n1")
+    submit(
+        led, "t1", b'[placement]\nlabels = { gpu = "yes" }\n[[steps]]\nname = "a"\nrun = "true"\n'
+    )
+    nodes = [node_info("n1"), node_info("n2", labels={"gpu": "yes"})]
+    from kovanex import spec as specmod
+
+    spec = specmod.load_spec(led.spec_bytes("t1") or b"", specmod.SPEC_PATH)
+    d = placer_over(nodes, led).decide("r", "t1", spec)
+    assert d.node == "n2"
+    assert "Score-Breakdown" in d.extra
+
+
+def test_placer_skips_excluded_nodes_and_says_so_when_only_they_fit() -> None:
+    led = TaskLedger(MemoryStore(), node="n1")
+    submit(led, "t1", b'[[steps]]\nname = "a"\nrun = "true"\n')
+    from kovanex import spec as specmod
+
+    spec = specmod.load_spec(led.spec_bytes("t1") or b"", specmod.SPEC_PATH)
+    req_nodes = [node_info("n1"), node_info("n2")]
+    p = placer_over(req_nodes, led)
+    from kovanex.agent.placement import request_of
+
+    d = p.decide_request(request_of("r", "t1", spec), "best-fit", frozenset({"n1"}))
+    assert d.node == "n2"
+    d = p.decide_request(request_of("r", "t1", spec), "best-fit", frozenset({"n1", "n2"}))
+    assert d.node is None and "failed to start it (n1, n2)" in d.reason
+
+
+# -- the scheduling shell and TaskRun on a real repo ---------------------------------------
+
+
+class Node:
+    """One node's scheduling services around a real bare repo, wired as the agent does."""
+
+    def __init__(self, root: Path, slots: int = 1, others: list | None = None) -> None:
+        layout = cfgmod.Layout(root)
+        layout.repos.mkdir(parents=True)
+        subprocess.run(
+            ["git", "init", "-q", "--bare", str(layout.repo("r"))], check=True, capture_output=True
+        )
+        cfg = cfgmod.NodeConfig(name="n1", runner_slots=slots)
+        self.clock = FakeClock()
+        self.ctx = NodeContext(layout, cfg, token="t", clock=self.clock)
+        self.repos = RepoIndex(layout, "n1")
+        self.runs = RunTable(self.ctx)
+        self.placer = Placer(
+            lambda: [node_info("n1", runners_total=slots), *(others or [])],
+            self.repos.ledger,
+            lambda: "best-fit",
+        )
+
+        class NoServer:
+            async def ask(self, key: tuple[str, str]) -> None:
+                return None  # a FULL node places its own tasks: no SERVER in play
+
+        self.sched = TaskScheduler(
+            self.ctx, self.repos, self.runs, self.placer, NoServer(), TaskLocks()
+        )  # type: ignore[arg-type]
+        self.assigned: list[Assign] = []
+        self.sched.announce = self.assigned.append
+        self.runs.on_tip = self.sched.saw_tip
+        self.done = asyncio.Event()
+        self.runs.on_finished = lambda repo, task: self.done.set()
+        self.led = self.repos.ledger("r")
+
+
+def states(led: TaskLedger, tid: str) -> list[str]:
+    return [tr.state for _, tr, _ in reversed(led.history(tid)) if tr is not None]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path / "n1")
+
+
+def test_a_push_is_queued_placed_here_and_run_to_success(node: Node) -> None:
+    submit(node.led, "t1")
+
+    async def go() -> None:
+        await node.sched.reconcile_task("r", "t1")
+        assert node.sched.pending == {("r", "t1"): (node.led.tip("t1"), 50)}
+        await node.sched.schedule_pending()
+        await asyncio.wait_for(node.done.wait(), 20)
+
+    asyncio.run(go())
+    assert states(node.led, "t1") == [
+        "queued",
+        "placed",
+        "running",
+        "running",
+        "running",
+        "succeeded",
+    ]
+    assert node.led.read("t1").steps_ok == (0, 1)
+    assert node.runs.slots.free == 1
+
+
+def test_no_free_slot_keeps_the_task_queued_without_a_commit(tmp_path: Path) -> None:
+    n = Node(tmp_path / "n1", slots=1)
+    submit(n.led, "t1")
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        assert n.runs.slots.try_acquire()  # someone else's run holds the only slot
+        tip = n.led.tip("t1")
+        await n.sched.schedule_pending()
+        assert n.led.tip("t1") == tip
+        assert ("r", "t1") in n.sched.pending
+
+    asyncio.run(go())
+
+
+def test_a_task_for_another_node_gets_an_assignment_not_a_local_run(tmp_path: Path) -> None:
+    far = node_info("n2", labels={"gpu": "yes"})
+    n = Node(tmp_path / "n1", slots=1, others=[far])
+    submit(
+        n.led, "t1", b'[placement]\nlabels = { gpu = "yes" }\n[[steps]]\nname = "a"\nrun = "true"\n'
+    )
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        await n.sched.schedule_pending()
+
+    asyncio.run(go())
+    view = n.led.read("t1")
+    assert (view.state, view.node) == ("placed", "n2")
+    assert n.assigned == [Assign("r", "t1", "n2", view.epoch)]
+    assert n.runs.runs == {}
+
+
+def test_a_restarted_owner_fences_its_own_old_lease_and_resumes_after_the_last_step(
+    node: Node,
+) -> None:
+    """The lease says n1 runs it, but nothing runs here: an agent that was killed."""
+    submit(node.led, "t1")
+    led = node.led
+    v = led.read("t1")
+    led.append("t1", taskcore.queue(v, 50), expected_tip=v.tip, lease_epoch=v.epoch)
+    lease = led.claim("t1", "n1")
+    v = led.read("t1")
+    led.append("t1", taskcore.start(v, "n1", lease.epoch), expected_tip=v.tip, lease_epoch=1)
+    v = led.read("t1")
+    (ok, *_) = taskcore.step_done(v, 0, "one", 2, "ok", 0, 0)
+    tree = led.store.tree_with(led.store.read_commit(v.tip).tree, {"one.txt": b"one\n"})
+    led.append("t1", ok, expected_tip=v.tip, lease_epoch=1, tree=tree)
+
+    async def go() -> None:
+        await node.sched.reconcile_task("r", "t1")
+        view = led.read("t1")
+        assert (view.state, view.epoch) == ("queued", 2)
+        assert "restarted" in view.reason
+        await node.sched.schedule_pending()
+        await asyncio.wait_for(node.done.wait(), 20)
+
+    asyncio.run(go())
+    view = led.read("t1")
+    assert view.state == "succeeded" and view.epoch == 3
+    steps = [tr.step for _, tr, _ in led.history("t1") if tr is not None and tr.result == "ok"]
+    assert sorted(steps) == [0, 1]  # step one ran once, before the restart; two after it
+
+
+def test_unschedulable_is_written_once_and_the_task_stays_pending(node: Node) -> None:
+    submit(
+        node.led, "t1", b'[placement]\nrequires = ["gpu"]\n[[steps]]\nname = "a"\nrun = "true"\n'
+    )
+
+    async def go() -> None:
+        await node.sched.reconcile_task("r", "t1")
+        await node.sched.schedule_pending()
+        first = node.led.tip("t1")
+        await node.sched.schedule_pending()
+        assert node.led.tip("t1") == first  # no commit per pass
+
+    asyncio.run(go())
+    view = node.led.read("t1")
+    assert view.state == "unschedulable" and "gpu" in view.reason
+    assert ("r", "t1") in node.sched.pending
+
+
+def test_decision_type_is_the_cores() -> None:
+    """One Decision for the placer, the server answer and the decider (not two copies)."""
+    from kovanex.agent import placement, serverplace
+
+    assert placement.Decision is Decision and serverplace.Decision is Decision
