@@ -128,3 +128,60 @@ def node_state(
         copies=frozenset(copies),
         config=Config(settle_s=settle_s),
     )
+
+
+# -- whole-cluster builders (kovanex.sim): nodes, clusters and task specs -----------------
+
+
+def nodes(n: int = 3, labels: dict[str, dict[str, str]] | None = None, **kw: Any) -> list[NodeInfo]:
+    """`n` idle nodes named as the simulator names them (n00000, n00001, ...)."""
+    names = [f"n{i:05d}" for i in range(n)]
+    return [node_info(x, labels=(labels or {}).get(x, {}), **kw) for x in names]
+
+
+def spec(
+    steps: int = 1,
+    *,
+    retries: int = 0,
+    labels: dict[str, str] | None = None,
+    strategy: str | None = None,
+    priority: int = 50,
+) -> bytes:
+    """`.kovanex/task.toml` bytes that kovanex/spec.py accepts: `steps` steps s1, s2, ..."""
+    from kovanex.sim.scenario import spec_toml
+
+    return spec_toml(steps, retries, labels, strategy, priority)
+
+
+def sim_cluster(
+    n: int = 3,
+    seed: int = 1,
+    *,
+    repos: dict[str, str] | None = None,
+    owner: str = "n00000",
+    labels: dict[str, dict[str, str]] | None = None,
+    loss: float = 0.0,
+    step_ok: float = 1.0,
+) -> Any:
+    """A simulated cluster with no scripted pushes or faults (a `kovanex.sim.run.Driver`):
+    the test submits tasks, crashes nodes, partitions and runs virtual time itself.
+    `repos` maps a repo name to its level (none/async/sync; two replicas unless none)."""
+    from kovanex.core.replication import MemberView, choose_replicas
+    from kovanex.sim.run import Driver
+    from kovanex.sim.scenario import RepoPlan, Scenario
+
+    names = [f"n{i:05d}" for i in range(n)]
+    members = [MemberView(x) for x in names]
+    plans = [
+        RepoPlan(
+            name,
+            level,
+            owner,
+            () if level == "none" else tuple(choose_replicas(owner, members, 2, salt=name)),
+        )
+        for name, level in sorted((repos or {"r0": "sync"}).items())
+    ]
+    lab = {x: dict((labels or {}).get(x, {})) for x in names}
+    d = Driver(Scenario(seed, names, lab, plans, [], [], loss))
+    d.w.step_ok = step_ok
+    return d
