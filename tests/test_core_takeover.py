@@ -74,8 +74,18 @@ def test_split_takeover_at_one_epoch_the_lower_name_keeps_it() -> None:
     ]
     s2 = node_state("n2", "n1 n2 n3 n4", known={"r": n2})
     assert decide(s2, OwnerAnnounced("r", n3), T0) == [PublishOwner("r", n2)]
-    s4 = node_state("n4", "n1 n2 n3 n4", known={"r": n2})  # a bystander trusts neither
+    s4 = node_state("n4", "n1 n2 n3 n4", known={"r": n2})  # a bystander keeps the lower
     assert decide(s4, OwnerAnnounced("r", n3), T0) == []
+
+
+def test_a_bystander_that_heard_the_split_loser_first_switches_to_the_lower_name() -> None:
+    """Found by the simulator (KOVANEX_SEED=27, --ownership decider): without this, live
+    nodes disagreed on the owner forever after a split takeover."""
+    n2 = ownership("n2", 2, "n4")
+    n3 = ownership("n3", 2, "n4")
+    s4 = node_state("n4", "n1 n2 n3 n4", known={"r": n3})
+    effects = decide(s4, OwnerAnnounced("r", n2), T0)
+    assert effects and isinstance(effects[0], Adopt) and effects[0].ownership == n2
 
 
 def test_own_record_echoed_back_is_ignored() -> None:

@@ -229,9 +229,15 @@ def on_owner_announced(state: NodeState, repo: str, ann: Ownership) -> list[Effe
     if known is not None and ann.epoch < known.epoch:
         return [PublishOwner(repo, known)] if known.owner == me else []
     if known is not None and ann.epoch == known.epoch and ann.owner != known.owner:
+        # A split takeover: the lower name keeps the repo, on every node. A bystander that
+        # heard the loser first must switch too, or live nodes disagree forever (the
+        # simulator found it: KOVANEX_SEED=27 with --ownership decider).
         if known.owner == me and ann.owner < me:
             return [Demote(repo, known, ann), FetchFrom(repo, ann.owner, restart=True)]
-        return [PublishOwner(repo, known)] if known.owner == me else []
+        if known.owner == me:
+            return [PublishOwner(repo, known)]
+        if ann.owner > known.owner:
+            return []
     if known is not None and known.owner == me and ann.owner != me:
         return [Demote(repo, known, ann), FetchFrom(repo, ann.owner, restart=True)]
     if ann.owner == me:

@@ -48,8 +48,8 @@ def _fail(r: Result, strict: bool) -> None:
     for v in r.violations:
         print(f"  ! {v}")
     extra = " --strict" if strict else ""
-    if r.ownership == "decider":
-        extra += " --ownership decider"
+    if r.ownership != "decider":
+        extra += f" --ownership {r.ownership}"
     print(f"KOVANEX_SEED={r.seed}  (replay: python -m kovanex.sim --seed {r.seed}{extra} --log)")
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ownership",
         choices=["decider", "replication"],
-        help="ownership rules: core/replication.py (default) or the core/takeover.py decider",
+        help="ownership rules: the core/takeover.py decider the agent runs (default), or ADR 0007 applied through core/replication.py",
     )
     args = ap.parse_args(argv)
     if args.seed is not None:

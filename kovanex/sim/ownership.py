@@ -1,27 +1,21 @@
-"""Ownership driven by the pure decider `kovanex.core.takeover`, when the tree has it.
+"""Ownership driven by the pure decider `kovanex.core.takeover`, as the agent runs it.
 
 `DecidedRepos` feeds the decider one node's view (`NodeState`: the records it believes,
 gossip member statuses, how many of the owner's announced tips each replica holds, the
 announced tips from `refs` gossip, the repos it has copies of) and one event, and
 executes the effects it returns with the same git-side steps as `Repos` (promote
-sync-staged commits on a takeover, keep what a new upstream lacks under lost/). Without
-core/takeover.py the simulator falls back to `Repos`, which applies the same rules
-through core/replication.py directly.
+sync-staged commits on a takeover, keep what a new upstream lacks under lost/).
+`--ownership replication` runs `Repos` alone, which applies ADR 0007's rules through
+core/replication.py directly: a second model to compare the decider against.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kovanex.core import takeover as tk
 from kovanex.core.replication import Ownership
 from kovanex.sim.repos import Repos
-
-try:
-    from kovanex.core import takeover as tk
-except ImportError:  # pragma: no cover - the decider lands with ADR 0016's work
-    tk = None  # type: ignore[assignment]
-
-AVAILABLE = tk is not None
 
 
 class DecidedRepos(Repos):

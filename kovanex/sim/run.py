@@ -10,11 +10,10 @@ from kovanex.gitstate.ledger import SPEC_PATH
 from kovanex.gitstate.store import EMPTY_TREE
 from kovanex.sim import checks
 from kovanex.sim.agents import SimAgent
-from kovanex.sim.ownership import AVAILABLE
 from kovanex.sim.scenario import Push, Scenario, generate, spec_toml
 from kovanex.sim.world import Acked, World
 
-DEFAULT_OWNERSHIP = "replication"  # core/takeover.py is opt-in until it is on main (ADR 0019)
+DEFAULT_OWNERSHIP = "decider"  # core/takeover.py, as the agent runs it (ADR 0019)
 BUDGET = 400.0  # virtual seconds after the last fault for every task to finish
 PUSH_TRIES = 6
 PUSH_RETRY = 8.0
@@ -51,8 +50,6 @@ class Driver:
     def __init__(self, sc: Scenario, verbose: bool = False, ownership: str | None = None) -> None:
         self.sc = sc
         decider = (ownership or DEFAULT_OWNERSHIP) == "decider"
-        if decider and not AVAILABLE:
-            raise ValueError("ownership 'decider' needs kovanex/core/takeover.py")
         w = self.w = World(sc.seed, len(sc.nodes), loss=sc.loss, verbose=verbose, decider=decider)
         for i, name in enumerate(sc.nodes):
             w.agents[name] = SimAgent(w, name, sc.labels[name], sc.seed * 7919 + i)
@@ -194,8 +191,8 @@ class Driver:
 def simulate(
     seed: int, strict: bool = False, verbose: bool = False, ownership: str | None = None
 ) -> Result:
-    """Run one seed. `ownership`: "replication" (the default: ADR 0007's rules applied
-    through core/replication.py) or "decider" (core/takeover.py, when the tree has it)."""
+    """Run one seed. `ownership`: "decider" (the default: core/takeover.py, as the agent
+    runs it) or "replication" (ADR 0007's rules applied through core/replication.py)."""
     sc = generate(seed)
     d = Driver(sc, verbose, ownership)
     w = d.w
