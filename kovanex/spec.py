@@ -14,12 +14,15 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator, ValidationError
 
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.inputlimits import InputLimits, human
+
+if TYPE_CHECKING:
+    from kovanex.core.strategies import TaskRequest
 
 SPEC_PATH = ".kovanex/task.toml"
 KINDS = ("job", "deployment")
@@ -51,6 +54,10 @@ class SpecError(Exception):
 
     def __hash__(self) -> int:
         return hash((self.file, self.field, self.reason))
+
+
+DEFAULT_CPU = 0.1  # a task that names no cpu asks for a tenth of a core (Nomad-like)
+DEFAULT_MEM_MB = 64
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,22 @@ class TaskSpec:
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     agent: AgentSpec | None = None
     log_bytes: int = DEFAULT_LOG_BYTES
+
+    def request(self, repo: str, task_id: str) -> TaskRequest:
+        """What the scheduler scores: the `[placement]` table, with defaults for what a
+        spec leaves out (a tenth of a core and 64 MB, as Nomad's defaults are small)."""
+        from kovanex.core.strategies import TaskRequest  # numpy: not on the hook's path
+
+        p = self.placement
+        return TaskRequest(
+            task_id=task_id,
+            repo=repo,
+            labels=dict(p.labels),
+            requires=frozenset(p.requires),
+            cpu=p.cpu if p.cpu is not None else DEFAULT_CPU,
+            memory_mb=p.memory_mb if p.memory_mb is not None else DEFAULT_MEM_MB,
+            priority=self.priority,
+        )
 
 
 @cache

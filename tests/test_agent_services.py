@@ -74,11 +74,9 @@ def test_placer_skips_excluded_nodes_and_says_so_when_only_they_fit() -> None:
     spec = specmod.load_spec(led.spec_bytes("t1") or b"", specmod.SPEC_PATH)
     req_nodes = [node_info("n1"), node_info("n2")]
     p = placer_over(req_nodes, led)
-    from kovanex.agent.placement import request_of
-
-    d = p.decide_request(request_of("r", "t1", spec), "best-fit", frozenset({"n1"}))
+    d = p.decide_request(spec.request("r", "t1"), "best-fit", frozenset({"n1"}))
     assert d.node == "n2"
-    d = p.decide_request(request_of("r", "t1", spec), "best-fit", frozenset({"n1", "n2"}))
+    d = p.decide_request(spec.request("r", "t1"), "best-fit", frozenset({"n1", "n2"}))
     assert d.node is None and "failed to start it (n1, n2)" in d.reason
 
 

@@ -7,7 +7,6 @@ inputs and turns the answer into the placement commit's trailers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import psutil
 
@@ -16,25 +15,9 @@ from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
-from kovanex.core import scoring, startwatch
+from kovanex.core import placing, scoring, startwatch
 from kovanex.core.scheduler import Decision
 from kovanex.gitstate.ledger import TaskLedger, transition_of
-
-DEFAULT_CPU = 0.1  # a task that names no cpu asks for a tenth of a core (Nomad-like)
-DEFAULT_MEM_MB = 64
-
-
-def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskRequest:
-    p = spec.placement
-    return scoring.TaskRequest(
-        task_id=task_id,
-        repo=repo,
-        labels=dict(p.labels),
-        requires=frozenset(p.requires),
-        cpu=p.cpu if p.cpu is not None else DEFAULT_CPU,
-        memory_mb=p.memory_mb if p.memory_mb is not None else DEFAULT_MEM_MB,
-        priority=spec.priority,
-    )
 
 
 class Placer:
@@ -63,7 +46,7 @@ class Placer:
         return startwatch.excluded(transition_of(c.message) for c in led.store.walk(tip))
 
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
-        req = request_of(repo, task_id, spec)
+        req = spec.request(repo, task_id)
         strategy = spec.placement.strategy or self.strategy()
         return self.decide_request(req, strategy, self.excluded(repo, task_id))
 
@@ -71,39 +54,10 @@ class Placer:
         self, req: scoring.TaskRequest, strategy: str, excl: frozenset[str]
     ) -> Decision:
         """Score `req` over this node's view; a SERVER answers peers' requests with it."""
-        d = self._decide(req, strategy, startwatch.candidates(self.nodes(), excl))
-        if d.node is None and excl:
-            anyone = self._decide(req, strategy, self.nodes())
-            if anyone.node is not None or anyone.waiting:
-                return Decision(reason=startwatch.all_excluded_reason(excl, d.reason))
+        d = placing.decide(self.nodes(), req, strategy, excl, self.rr)
+        if d.node is not None:
+            self.rr += 1
         return d
-
-    def _decide(
-        self, req: scoring.TaskRequest, strategy: str, nodes: list[scoring.NodeInfo]
-    ) -> Decision:
-        result = scoring.place(
-            scoring.NodeTable.from_nodes(nodes), req, strategy=strategy, rr_counter=self.rr
-        )
-        if isinstance(result, scoring.Unschedulable):
-            idle = [replace(n, cpu_used=0.0, mem_used_mb=0.0, runners_used=0) for n in nodes]
-            again = scoring.place(scoring.NodeTable.from_nodes(idle), req, strategy=strategy)
-            if isinstance(again, scoring.Placement):
-                return Decision(reason=f"waiting for capacity: {result.reason}", waiting=True)
-            return Decision(reason=result.reason)
-        self.rr += 1
-        extra = {
-            "Score": f"{result.score:.3f}",
-            "Score-Breakdown": " ".join(f"{k}={v:.2f}" for k, v in result.breakdown.items()),
-            "Strategy": result.strategy,
-            "Feasible": str(result.feasible),
-        }
-        if result.runners_up:
-            # Nomad-style allocation metrics: why each runner-up lost, factor by factor
-            extra["Runners-Up"] = ", ".join(
-                f"{n}={s:.3f} (" + " ".join(f"{k}={v:.2f}" for k, v in bd.items()) + ")"
-                for n, s, bd in result.runners_up
-            )
-        return Decision(node=result.node, reason=result.reason, extra=extra)
 
     def preview(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> str:
         d = self.decide(repo, task_id, spec)

@@ -16,7 +16,7 @@ from typing import Any
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.executor import kill_orphan
-from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.placement import Placer
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.serverplace import ServerPlacement
@@ -185,7 +185,7 @@ class TaskScheduler:
             if starts and not self.runs.slots.try_acquire():
                 self._observe(repo, view)  # back in the queue; a slot release kicks us
                 return
-            if not self._execute(repo, effects, request=request_of(repo, task_id, spec)):
+            if not self._execute(repo, effects, request=spec.request(repo, task_id)):
                 if starts:
                     self.runs.slots.release()
                 return

@@ -21,7 +21,7 @@ from typing import Any
 
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
-from kovanex.agent.placement import Placer, request_of
+from kovanex.agent.placement import Placer
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import scoring, servers
 from kovanex.core import task as taskcore
@@ -96,7 +96,7 @@ class ServerPlacement:
         if now < self.down_until.get(name, 0.0):
             return self._local(repo, task_id, spec, name, "did not answer recently")
         body = request_body(
-            request_of(repo, task_id, spec),
+            spec.request(repo, task_id),
             spec.placement.strategy or self.ctx.cfg.strategy,
             self.placer.excluded(repo, task_id),
         )

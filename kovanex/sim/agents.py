@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from kovanex import spec as specmod
-from kovanex.core import scoring, startwatch
+from kovanex.core import placing, startwatch
 from kovanex.core import task as taskcore
 from kovanex.core.effects import (
     Assign,
@@ -47,8 +46,6 @@ from kovanex.sim.repos import Disk, Repos, own_of
 from kovanex.sim.runner import SimRun
 from kovanex.sim.world import World
 
-DEFAULT_CPU = 0.1  # as agent/placement.py: the simulator may not import the agent layer
-DEFAULT_MEM_MB = 64
 SLOTS = 2
 PASS_EVERY = 1.0
 FETCH_EVERY = 10.0
@@ -313,44 +310,13 @@ class SimAgent:
         return out
 
     def place(self, repo: str, tid: str) -> Decision:
-        """agent/placement.py's rules: wait when only capacity is short, explain when
-        every feasible node has been excluded by the placement deadline."""
+        """The agent's placement rules (core/placing.py) over the nodes this one sees."""
         led = self.repos.ledger(repo)
         spec = specmod.load_spec(led.spec_bytes(tid) or b"")
-        req = request_of(repo, tid, spec)
         strategy = spec.placement.strategy or "best-fit"
-        excl = self._excluded(repo, tid)
-        nodes = self.node_infos()
-        d = self._decide(req, strategy, startwatch.candidates(nodes, excl))
-        if d.node is None and excl:
-            anyone = self._decide(req, strategy, nodes)
-            if anyone.node is not None or anyone.waiting:
-                return Decision(reason=startwatch.all_excluded_reason(excl, d.reason))
-        return d
-
-    def _decide(self, req: scoring.TaskRequest, strategy: str, nodes: list[NodeInfo]) -> Decision:
-        result = scoring.place(scoring.NodeTable(nodes), req, strategy=strategy, rr_counter=self.rr)
-        if isinstance(result, scoring.Unschedulable):
-            idle = [replace(n, cpu_used=0.0, mem_used_mb=0.0, runners_used=0) for n in nodes]
-            again = scoring.place(scoring.NodeTable(idle), req, strategy=strategy)
-            if isinstance(again, scoring.Placement):
-                return Decision(reason=f"waiting for capacity: {result.reason}", waiting=True)
-            return Decision(reason=result.reason)
-        self.rr += 1
-        return Decision(
-            node=result.node, reason=result.reason, extra={"Score": f"{result.score:.3f}"}
+        d = placing.decide(
+            self.node_infos(), spec.request(repo, tid), strategy, self._excluded(repo, tid), self.rr
         )
-
-
-def request_of(repo: str, task_id: str, spec: specmod.TaskSpec) -> scoring.TaskRequest:
-    """The placement request for a spec, as agent/placement.request_of builds it."""
-    p = spec.placement
-    return scoring.TaskRequest(
-        task_id=task_id,
-        repo=repo,
-        labels=dict(p.labels),
-        requires=frozenset(p.requires),
-        cpu=p.cpu if p.cpu is not None else DEFAULT_CPU,
-        memory_mb=p.memory_mb if p.memory_mb is not None else DEFAULT_MEM_MB,
-        priority=spec.priority,
-    )
+        if d.node is not None:
+            self.rr += 1
+        return d
