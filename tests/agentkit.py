@@ -75,10 +75,9 @@ def process_gone(pid: int) -> bool:
 
 
 def git(*args: str, cwd: Path | str | None = None, check: bool = True, **kw: Any):
-    r = subprocess.run(["git", *args], cwd=cwd, check=False, capture_output=True, text=True, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"git {args}: {r.stderr}")
-    return r
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=check, capture_output=True, text=True, **kw
+    )
 
 
 def kx(*args: str, data: Path | None = None, check: bool = True, cwd: Path | None = None):

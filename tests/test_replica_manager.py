@@ -16,6 +16,7 @@ import pytest
 
 from kovanex.agent.replica import ReplicaManager
 from kovanex.core.gossip_profiles import profile
+from kovanex.gitstate import gitcli
 from kovanex.gitstate.mirror import SYNC_STAGING
 from kovanex.net.githttp import GitHttpServer
 from kovanex.net.gossip import GossipNode
@@ -162,7 +163,7 @@ class Work:
 
 async def create(node: Node, name: str) -> Path:
     path = node.repo(name)
-    await asyncio.to_thread(git, "init", "-q", "--bare", str(path))
+    await asyncio.to_thread(gitcli.create_bare, path)  # as `kovanex repo create` does
     await node.m.created(name)
     return path
 
