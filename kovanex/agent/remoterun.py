@@ -18,6 +18,7 @@ from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import Lease
+from kovanex.gitstate.refs import task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.gossip import GossipNode
 
@@ -119,7 +120,7 @@ class RemoteRuns:
         """Notice a cancel or a move on the owner while a long step runs."""
         from kovanex.gitstate import mirror
 
-        ref = f"refs/heads/task/{run.lease.task_id}"
+        ref = task_ref(run.lease.task_id)
         while run.key in self.runs.runs and not run.cancel.is_set():
             await asyncio.sleep(1.0)
             try:

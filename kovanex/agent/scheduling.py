@@ -31,6 +31,7 @@ from kovanex.core.effects import (
     WriteRef,
 )
 from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
+from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
 
@@ -99,7 +100,7 @@ class TaskScheduler:
     async def reconcile_repo(self, repo: str, force: bool = False) -> None:
         if not self.repos.path(repo).exists():
             return
-        refs = self.repos.ledger(repo).store.refs("refs/heads/task/")
+        refs = self.repos.ledger(repo).store.refs(TASK_PREFIX)
         for ref, tip in sorted(refs.items()):
             task_id = task_id_of(ref)
             if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
@@ -141,9 +142,7 @@ class TaskScheduler:
             if view.state == taskcore.SUBMITTED:
                 opts = self.push_opts.pop((repo, task_id, view.tip), None)
                 if opts is not None and opts.skip:
-                    record_push(
-                        ledger, [RefUpdate("", view.tip, f"refs/heads/task/{task_id}")], opts
-                    )
+                    record_push(ledger, [RefUpdate("", view.tip, task_ref(task_id))], opts)
                 skipped = is_skipped(ledger, task_id, view.tip)
             effects = self._observe(repo, view, skipped)
             if not effects or not self._execute(repo, effects, opts):

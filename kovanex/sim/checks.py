@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import task_ref
+from kovanex.gitstate.refs import LOST
 
 if TYPE_CHECKING:
     from kovanex.sim.world import Acked, World
@@ -148,7 +149,7 @@ def _lost_where(w: World, ack: Acked) -> str:
         s = a.disk.stores.get(ack.repo)
         if s is None:
             continue
-        for ref, tip in s.refs("refs/kovanex/lost/").items():
+        for ref, tip in s.refs(LOST).items():
             if s.contains(tip, ack.oid):
                 return f"; kept only under {ref} on {name}"
     return "; not kept anywhere"

@@ -19,10 +19,10 @@ from typing import Any
 from kovanex.core.effects import Publish
 from kovanex.core.gossip_profiles import profile
 from kovanex.gitstate.memory import MemoryStore
+from kovanex.gitstate.refs import HEADS, LOST
 from kovanex.sim.cluster import SimCluster, SimNode
 
 RPC_TIMEOUT = 5.0
-LOST = "refs/kovanex/lost/"
 
 
 class SimStore(MemoryStore):
@@ -42,7 +42,7 @@ class SimStore(MemoryStore):
         """A forced update (a fetch following its upstream); None deletes. Checked live:
         a branch tip that is not kept by the new tip must already be under lost/."""
         old = self._refs.get(name)
-        if name.startswith("refs/heads/") and old is not None and self.trace is not None:
+        if name.startswith(HEADS) and old is not None and self.trace is not None:
             if not self.contains(oid, old) and not any(
                 self.contains(t, old) for t in self.refs(LOST).values()
             ):
