@@ -39,6 +39,10 @@ def units_root() -> Path:
     return d
 
 
+class Gone(AssertionError):
+    """What was waited for can no longer happen (the process exited): fail at once."""
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
     """Poll a condition until it holds or the deadline passes (never sleep-as-sync)."""
     deadline = time.monotonic() + timeout
@@ -48,6 +52,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condit
             v = cond()
             if v:
                 return v
+        except Gone:
+            raise
         except Exception as e:  # noqa: BLE001 - keep polling; report the last error
             last_exc = e
         time.sleep(0.02)
@@ -112,7 +118,7 @@ class Node:
 
     def ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"agent {self.name} exited: {self.log()[-2000:]}")
+            raise Gone(f"agent {self.name} exited: {self.log()[-2000:]}")
         return (self.data / "run" / "hook").exists() and (self.data / "run" / "agent.sock").exists()
 
     def log(self) -> str:
