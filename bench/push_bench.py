@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,6 +50,10 @@ def bench_push(tmp: Path, data: Path, n: int) -> dict:
     (work / ".kovanex").mkdir()
     stamp = tmp / "stamps"
     stamp.mkdir()
+    # As root, steps run as their compute unit's user (ADR 0010): it must be able to reach
+    # and write the stamp dir, which a 0700 mkdtemp root would refuse.
+    os.chmod(tmp, 0o711)
+    os.chmod(stamp, 0o1777)
     plain_t, kx_t, first_step = [], [], []
     for i in range(n):
         spec = f'[[steps]]\nname = "s"\nrun = "date +%s.%N > {stamp}/{i}"\n'
