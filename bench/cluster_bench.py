@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import kx, md_table, p50, pct, sandbox, sh, wait
+from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
 
 PY = sys.executable
 
@@ -97,8 +97,7 @@ def resume_trials(root: Path, trials: int) -> list[float]:
             kx(base / "o", "repo", "create", "demo")
             work = base / "w"
             sh("git", "init", "-q", str(work))
-            starts = base / "starts"
-            starts.mkdir()
+            starts = step_writable(base / "starts")
             (work / ".kovanex").mkdir()
             (work / ".kovanex" / "task.toml").write_text(
                 '[placement]\nlabels = { pool = "b" }\n'

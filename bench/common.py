@@ -30,6 +30,19 @@ def sandbox(prefix: str) -> Path:
     return root
 
 
+def step_writable(d: Path) -> Path:
+    """Make `d` (inside a sandbox) a dir a task's step may write to. As root, steps run as
+    their compute unit's user (ADR 0010), who can neither enter a 0700 mkdtemp nor write
+    a root-owned dir."""
+    d.mkdir(parents=True, exist_ok=True)
+    for p in d.parents:
+        if p == Path(tempfile.gettempdir()) or p == p.parent:
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o111)
+    os.chmod(d, 0o1777)
+    return d
+
+
 def sh(*cmd: str, cwd: Path | None = None) -> str:
     return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import psutil
 import pygit2
 
-from bench.common import kx, md_table, p50, pct, sandbox, sh, wait
+from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
 
 
 def show(data: Path, task: str) -> dict:
@@ -48,12 +47,7 @@ def bench_push(tmp: Path, data: Path, n: int) -> dict:
     work = tmp / "w"
     sh("git", "init", "-q", str(work))
     (work / ".kovanex").mkdir()
-    stamp = tmp / "stamps"
-    stamp.mkdir()
-    # As root, steps run as their compute unit's user (ADR 0010): it must be able to reach
-    # and write the stamp dir, which a 0700 mkdtemp root would refuse.
-    os.chmod(tmp, 0o711)
-    os.chmod(stamp, 0o1777)
+    stamp = step_writable(tmp / "stamps")
     plain_t, kx_t, first_step = [], [], []
     for i in range(n):
         spec = f'[[steps]]\nname = "s"\nrun = "date +%s.%N > {stamp}/{i}"\n'
