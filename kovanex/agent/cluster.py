@@ -124,7 +124,7 @@ class Cluster:
             "caps": sorted(self.local.capabilities()),
             "run": [slots.used, slots.total],
             "http": self.http_url(),
-            "health": round(self.local.health(), 3),
+            "health": round(self.local.health(), 2),
         }
 
     def refresh(self) -> None:
