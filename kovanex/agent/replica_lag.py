@@ -18,7 +18,7 @@ import hashlib
 from typing import Any
 
 from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.core.replication import lag
+from kovanex.core.replication import Ownership, lag
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO
 from kovanex.gitstate.refs import STAGING, mirrored
@@ -65,9 +65,16 @@ class ReplicaLag:
                 refs = await self.rt.thread(
                     lambda: mirrored(gitcli.for_each_ref(self.rt.path(repo)))
                 )
-                await self.refs_changed(repo, refs)
+                cur = self.rt.known.get(repo)  # it may have moved during the read
+                if cur is not None and cur.owner == self.rt.node:
+                    self._announce(repo, cur, refs)
+                    self._record(repo, refs)  # this read is the snapshot: no second one
 
             return self.rt.spawn(read_all())
+        self._announce(repo, o, refs)
+        return self.rt.spawn(self.snapshot(repo))
+
+    def _announce(self, repo: str, o: Ownership, refs: dict[str, str]) -> None:
         last = self._announced.setdefault(repo, {})
         now = self.rt.clock.time()
         for ref, oid in sorted(refs.items()):
@@ -79,7 +86,6 @@ class ReplicaLag:
                 f"{repo}\t{ref}",
                 {"oid": oid, "owner": self.rt.node, "owner_epoch": o.epoch, "time": now},
             )
-        return self.rt.spawn(self.snapshot(repo))
 
     async def snapshot(self, repo: str) -> None:
         """Record the owner's current state (if it changed) for exact lag."""
@@ -87,6 +93,11 @@ class ReplicaLag:
             return
         path = self.rt.path(repo)
         refs = await self.rt.thread(lambda: mirrored(gitcli.for_each_ref(path)))
+        self._record(repo, refs)
+
+    def _record(self, repo: str, refs: dict[str, str]) -> None:
+        if not self.rt.is_owner(repo):
+            return
         hist = self._history.setdefault(repo, collections.deque(maxlen=HISTORY))
         d = digest(refs)
         if not hist or hist[-1][1] != d:
