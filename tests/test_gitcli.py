@@ -12,6 +12,7 @@ import pytest
 
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO, GitError, GitTimeout
+from tests.agentkit import until
 from tests.test_replica_blackhole import Blackhole
 
 
@@ -84,13 +85,18 @@ def test_cas_helpers(tmp_path: Path) -> None:
     assert gitcli.rev_parse(repo, ref) is None and ZERO not in gitcli.for_each_ref(repo).values()
 
 
+async def blackhole_url() -> tuple[Blackhole, str]:
+    """A started listener that accepts and never answers, and a git URL on it."""
+    hole = Blackhole()
+    await hole.start(0)
+    assert hole._server is not None
+    port = hole._server.sockets[0].getsockname()[1]
+    return hole, f"http://127.0.0.1:{port}/git/x.git"
+
+
 def test_run_times_out_against_a_blackhole(tmp_path: Path) -> None:
     async def go() -> None:
-        hole = Blackhole()
-        await hole.start(0)
-        assert hole._server is not None
-        port = hole._server.sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}/git/x.git"
+        hole, url = await blackhole_url()
         try:
             t0 = time.monotonic()
             with pytest.raises(GitTimeout):
@@ -108,28 +114,18 @@ def test_cancelling_run_async_kills_the_git_process_group(tmp_path: Path) -> Non
     """A cancelled network call leaves no git (or git-remote-http) behind."""
 
     async def go() -> None:
-        hole = Blackhole()
-        await hole.start(0)
-        assert hole._server is not None
-        port = hole._server.sockets[0].getsockname()[1]
-        url = f"http://127.0.0.1:{port}/git/x.git"
+        hole, url = await blackhole_url()
         try:
             task = asyncio.get_running_loop().create_task(
                 gitcli.run_async(["ls-remote", url], timeout=60)
             )
-            deadline = time.monotonic() + 10
-            while not hole.open and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)  # polling: git has connected and now hangs
-            assert hole.open
+            await until(lambda: hole.open, 10, "git to connect to the blackhole")
             pids = _git_children()
             assert pids, "git should be running"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            deadline = time.monotonic() + 3
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)  # polling: the kernel delivers the signals
-            assert not any(_alive(p) for p in pids)
+            await until(lambda: not any(_alive(p) for p in pids), 3, "git's group to die")
         finally:
             await hole.close()
 
