@@ -78,12 +78,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_status)
 
 
-def _free_port(host: str) -> int:
+def _free_port(host: str, avoid: frozenset[int] = frozenset()) -> int:
     """A port free for both TCP and UDP, chosen below the kernel's ephemeral range.
 
     The port is recorded in kovanex.toml and bound later by the agent. A port from the
     ephemeral range could meanwhile become the local end of some client's outgoing
     connection, so we stay below it, and check TCP and UDP because gossip binds both.
+    `avoid` holds ports already recorded but not yet bound (gossip's, when picking HTTP's).
+    Nodes initialised back to back on one host would otherwise draw the same port now and
+    then, since none is bound until its agent starts, so a pick is also reserved host-wide
+    for a few minutes (`_reserve`).
     """
     low = 32768
     try:
@@ -93,6 +97,8 @@ def _free_port(host: str) -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low)
+        if port in avoid or not _reserve(port):
+            continue
         try:
             with (
                 socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t,
@@ -105,7 +111,32 @@ def _free_port(host: str) -> int:
             continue
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+_RESERVATION_S = 300.0
+
+
+def _reserve(port: int) -> bool:
+    """Claim `port` for a few minutes among `kovanex init` runs on this host."""
+    import tempfile
+
+    d = Path(tempfile.gettempdir()) / f"kovanex-ports-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        mark = d / str(port)
+        try:
+            if time.time() - mark.stat().st_mtime < _RESERVATION_S:
+                return False
+            mark.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True  # no shared temp dir: fall back to the bind check alone
 
 
 def _default_units() -> str:
@@ -122,7 +153,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         port = _free_port(host)  # recorded, so restarts keep the address peers know
     hhost, hport = cfgmod.parse_addr(args.http, 0)
     if hport == 0:
-        hport = _free_port(hhost)
+        hport = _free_port(hhost, avoid=frozenset({port}))
     cfg = cfgmod.NodeConfig(
         name=args.name or socket.gethostname().split(".")[0],
         role=args.role,
