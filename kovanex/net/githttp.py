@@ -3,11 +3,14 @@
 Why CGI and not our own pack code: http-backend is the reference implementation of the smart
 protocol (v0 and v2), runs receive-pack with the repo's hooks and quarantine, and costs one
 short process per request, which is what a push costs anyway (docs/ARCHITECTURE.md section 2).
-Our part is the HTTP/1.1 framing, the credential check (httpauth.py: the cluster secret for
-nodes, user tokens by scope for people) and streaming bodies both ways.
+Our part is the credential check (httpauth.py: the cluster secret for nodes, user tokens by
+scope for people) and streaming bodies both ways. HTTP/1.1 framing is h11's (http11.py,
+ADR 0024): CGI output of unknown length goes out chunked, and a connection is kept alive
+whenever both sides finished their message cleanly.
 
-Each response is delimited by closing the connection (`Connection: close`): git's libcurl is
-happy with that, and it spares us response chunking for CGI output of unknown length.
+The listener also carries the API: a `Router` (kovanex/api) answers the paths it claims
+(`/v1/...`, `/healthz`, `/metrics`) with its own auth; the legacy `api` callback keeps the
+node-internal calls (`/v1/nudge/...`, `/v1/internal/place`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,20 @@ import inspect
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import parse_qs, unquote
+from typing import Protocol
+from urllib.parse import parse_qs
 
+import h11
+
+from kovanex.net.http11 import (
+    IO_CHUNK,
+    Exchange,
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+)
 from kovanex.net.httpauth import Principal, authenticate, git_scope, refusal_advertisement
 from kovanex.tokens import Refused, TokenBook
 
@@ -31,23 +44,7 @@ Api = Callable[[str, str, dict[str, str], bytes], ApiResult | None | Awaitable[A
 
 REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _GIT_PATH = re.compile(r"^/git/([^/]+)\.git(/.*)?$")
-MAX_HEAD = 64 * 1024
-MAX_HEADERS = 100
 MAX_API_BODY = 16 * 1024 * 1024
-HEAD_TIMEOUT_S = 30.0
-IO_CHUNK = 64 * 1024
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    413: "Payload Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-}
 # Never let the caller's environment point http-backend at some other repository.
 _DROP_ENV = (
     "GIT_DIR",
@@ -57,27 +54,24 @@ _DROP_ENV = (
     "GIT_NAMESPACE",
     "GIT_PROTOCOL",  # only the client's Git-Protocol header may choose the protocol
 )
+_TEXT = {"Content-Type": "text/plain"}
+_UNAUTHORIZED = HttpResponse(
+    401,
+    {"WWW-Authenticate": 'Basic realm="kovanex"', **_TEXT},
+    b"a token is required: the cluster secret, or a user token (kovanex token create)\n",
+)
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, text: str = "") -> None:
-        super().__init__(text or REASONS.get(status, ""))
-        self.status = status
+class Router(Protocol):
+    """The /v1 API (kovanex/api): it answers the paths it claims and does its own auth."""
 
+    def claims(self, path: str) -> bool: ...
 
-class Request:
-    """One parsed request head; the body is still on the stream."""
-
-    def __init__(self, method: str, target: str, headers: dict[str, str]) -> None:
-        self.method = method
-        path, _, query = target.partition("?")
-        self.path = unquote(path)
-        self.query = query
-        self.headers = headers
+    async def handle(self, req: HttpRequest) -> HttpResponse: ...
 
 
 class GitHttpServer:
-    """Serves `<repos_dir>/<name>.git` at `/git/<name>.git`; everything else goes to `api`."""
+    """Serves `<repos_dir>/<name>.git` at `/git/<name>.git`; the router and `api` get the rest."""
 
     def __init__(
         self,
@@ -90,6 +84,7 @@ class GitHttpServer:
         git: str = "git",
         max_backends: int = 32,
         users: TokenBook | None = None,
+        router: Router | None = None,
     ) -> None:
         if not token:
             raise ValueError("an empty cluster token would let anyone read and push")
@@ -99,6 +94,7 @@ class GitHttpServer:
         self.bind = bind
         self.api = api
         self.api_public = api_public
+        self.router = router
         self.git = git
         # each request is one http-backend process: bound them so a burst queues, not forks
         self._backends = asyncio.Semaphore(max_backends)
@@ -141,15 +137,22 @@ class GitHttpServer:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
+        ex = Exchange(reader, writer)
         try:
-            await self._serve_one(reader, writer)
+            while True:
+                req = await ex.next_request()
+                if req is None:
+                    break
+                await self._serve_one(ex, req)
+                if not _settled(ex):
+                    break
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         except HttpError as e:
-            await _simple(writer, e.status, str(e))
+            await ex.error(e.status, str(e), e.field)
         except Exception:
             log.exception("githttp: request failed")
-            await _simple(writer, 500, "internal error")
+            await ex.error(500, "internal error")
         finally:
             self._conns.discard(task)
             writer.close()
@@ -158,22 +161,19 @@ class GitHttpServer:
             except (ConnectionError, asyncio.CancelledError):
                 pass
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        req = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT_S)
-        if req is None:
-            return
+    async def _serve_one(self, ex: Exchange, req: HttpRequest) -> None:
         m = _GIT_PATH.match(req.path)
         if m is None:
-            await self._serve_api(req, reader, writer)
+            await self._serve_api(ex, req)
             return
         who = self._auth(req)
         name, rest = m.group(1), m.group(2) or "/"
         if not isinstance(who, Principal):
-            await self._refuse(req, rest, writer, who, 401)
+            await self._refuse(ex, req, rest, who, 401)
             return
         need = git_scope(rest, req.query)
         if not who.may(need, name):
-            await self._refuse(req, rest, writer, Refused(who.why_not(need, name)), 403)
+            await self._refuse(ex, req, rest, Refused(who.why_not(need, name)), 403)
             return
         if not REPO_NAME.match(name) or ".." in rest:
             raise HttpError(404, "no such repo")
@@ -181,68 +181,63 @@ class GitHttpServer:
             raise HttpError(404, "no such repo")
         if req.method not in ("GET", "HEAD", "POST"):
             raise HttpError(405)
-        peer = writer.get_extra_info("peername")
         async with self._backends:
-            await self._cgi(
-                req, f"/{name}.git{rest}", who.name, peer[0] if peer else "", reader, writer
-            )
+            await self._cgi(ex, req, f"/{name}.git{rest}", who.name)
 
-    def _auth(self, req: Request) -> Principal | Refused | None:
+    def _auth(self, req: HttpRequest) -> Principal | Refused | None:
         return authenticate(req.headers.get("authorization", ""), self.token, self.users)
 
     async def _refuse(
-        self,
-        req: Request,
-        rest: str,
-        writer: asyncio.StreamWriter,
-        why: Refused | None,
-        status: int,
+        self, ex: Exchange, req: HttpRequest, rest: str, why: Refused | None, status: int
     ) -> None:
         """No credential: 401, so git asks its credential helper. A named refusal on the
         ref advertisement: git's own `remote error:` line, so the user reads why."""
         if why is None:
-            await _unauthorized(writer)
+            await ex.respond(_UNAUTHORIZED)
             return
         service = parse_qs(req.query).get("service", [""])[0]
         if rest == "/info/refs" and service in ("git-upload-pack", "git-receive-pack"):
             ctype = f"application/x-{service}-advertisement"
             body = refusal_advertisement(service, f"kovanex: {why}")
-            await _respond(writer, 200, {"Content-Type": ctype, "Cache-Control": "no-cache"}, body)
+            await ex.respond(
+                HttpResponse(200, {"Content-Type": ctype, "Cache-Control": "no-cache"}, body)
+            )
             return
-        await _simple(writer, status, f"kovanex: {why}")
+        await ex.respond(HttpResponse(status, _TEXT, f"kovanex: {why}\n".encode()))
 
     # -- the JSON API / dashboard hook -----------------------------------------------------
-    async def _serve_api(
-        self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _serve_api(self, ex: Exchange, req: HttpRequest) -> None:
+        if self.router is not None and self.router.claims(req.path):
+            req.body = await ex.read_body(MAX_API_BODY)
+            resp = await self.router.handle(req)
+            await ex.respond(resp, head_only=req.method == "HEAD")
+            return
         if self.api is None:
-            raise HttpError(404)
+            raise HttpError(404, f"no route for {req.path}")
         if not self.api_public:
             who = self._auth(req)
             if not isinstance(who, Principal):
-                await (_unauthorized(writer) if who is None else _simple(writer, 401, str(who)))
+                if who is None:
+                    await ex.respond(_UNAUTHORIZED)
+                else:
+                    await ex.respond(HttpResponse(401, _TEXT, f"{who}\n".encode()))
                 return
             if not who.may("admin"):
-                await _simple(writer, 403, f"kovanex: {who.why_not('admin', None)}")
+                text = f"kovanex: {who.why_not('admin', None)}\n"
+                await ex.respond(HttpResponse(403, _TEXT, text.encode()))
                 return
-        body = b""
-        async for chunk in _body_chunks(req, reader, writer):
-            body += chunk
-            if len(body) > MAX_API_BODY:
-                raise HttpError(413)
+        body = await ex.read_body(MAX_API_BODY)
         result = self.api(req.method, req.path, dict(req.headers), body)
         if inspect.isawaitable(result):
             result = await result
         if result is None:
-            raise HttpError(404)
+            raise HttpError(404, f"no route for {req.path}")
         status, headers, payload = result
-        hdrs = {
-            k: v for k, v in headers.items() if k.lower() not in ("content-length", "connection")
-        }
-        await _respond(writer, status, hdrs, payload)
+        await ex.respond(HttpResponse(status, dict(headers), payload))
 
     # -- CGI -----------------------------------------------------------------------------
-    def _cgi_env(self, req: Request, path_info: str, user: str, addr: str) -> dict[str, str]:
+    def _cgi_env(self, req: HttpRequest, path_info: str, user: str) -> dict[str, str]:
+        addr = req.peer
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
         n = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
         for key, val in (("http.receivepack", "true"), ("http.uploadpack", "true")):
@@ -274,49 +269,39 @@ class GitHttpServer:
         if "content-type" in req.headers:
             env["CONTENT_TYPE"] = req.headers["content-type"]
         # A chunked body has no length: http-backend then reads its stdin up to EOF.
-        if "content-length" in req.headers and not _chunked(req):
+        if "content-length" in req.headers and "transfer-encoding" not in req.headers:
             env["CONTENT_LENGTH"] = req.headers["content-length"]
         if "git-protocol" in req.headers:  # http-backend also maps HTTP_GIT_PROTOCOL itself
             env["GIT_PROTOCOL"] = req.headers["git-protocol"]
         return env
 
-    async def _cgi(
-        self,
-        req: Request,
-        path_info: str,
-        user: str,
-        addr: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    async def _cgi(self, ex: Exchange, req: HttpRequest, path_info: str, user: str) -> None:
         proc = await asyncio.create_subprocess_exec(
             self.git,
             "http-backend",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._cgi_env(req, path_info, user, addr),
+            env=self._cgi_env(req, path_info, user),
             cwd=str(self.repos_dir),
         )
         self._procs.add(proc)
         assert proc.stdin and proc.stdout and proc.stderr
         clean = False
-        feed = asyncio.create_task(self._feed(req, reader, writer, proc.stdin))
+        feed = asyncio.create_task(self._feed(ex, proc.stdin))
         errs = asyncio.create_task(_drain_log(proc.stderr))
         try:
             status, headers = await _cgi_head(proc.stdout)
-            headers.append(("Connection", "close"))
-            head = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
-            writer.write(head.encode("latin-1") + b"\r\n")
+            code, _, _reason = status.partition(" ")
+            await ex.start_response(int(code), headers)
             while chunk := await proc.stdout.read(IO_CHUNK):
                 if req.method != "HEAD":
-                    writer.write(chunk)
-                    await writer.drain()
-            await writer.drain()
+                    await ex.send_data(chunk)
             try:
                 await feed
             except HttpError as e:  # the head is out already: all we can do is log and close
                 log.warning("githttp: bad request body: %s", e)
+            await ex.end_response()
             clean = True
         finally:
             if not feed.done():
@@ -334,16 +319,10 @@ class GitHttpServer:
             await asyncio.gather(feed, errs, return_exceptions=True)
             self._procs.discard(proc)
 
-    async def _feed(
-        self,
-        req: Request,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        stdin: asyncio.StreamWriter,
-    ) -> None:
+    async def _feed(self, ex: Exchange, stdin: asyncio.StreamWriter) -> None:
         """Copy the request body into http-backend; EOF on its stdin marks the body's end."""
         try:
-            async for chunk in _body_chunks(req, reader, writer):
+            async for chunk in ex.body_chunks():
                 stdin.write(chunk)
                 await stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
@@ -352,86 +331,18 @@ class GitHttpServer:
             stdin.close()
 
 
-# -- HTTP helpers ----------------------------------------------------------------------------
-def _chunked(req: Request) -> bool:
-    return "chunked" in req.headers.get("transfer-encoding", "").lower()
-
-
-async def _read_head(reader: asyncio.StreamReader) -> Request | None:
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError as e:
-        raise HttpError(400, "request head too large") from e
-    except asyncio.IncompleteReadError as e:
-        if not e.partial.strip():
-            return None
-        raise HttpError(400, "truncated request head") from e
-    if len(raw) > MAX_HEAD:
-        raise HttpError(400, "request head too large")
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise HttpError(400, "bad request line")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        k, sep, v = line.partition(":")
-        if not sep or not k or k != k.strip():
-            raise HttpError(400, "bad header line")
-        k = k.lower()
-        headers[k] = f"{headers[k]}, {v.strip()}" if k in headers else v.strip()
-    if len(headers) > MAX_HEADERS:
-        raise HttpError(400, "too many headers")
-    if "transfer-encoding" in headers and not _chunked(Request("", "", headers)):
-        raise HttpError(501, "only chunked transfer-encoding is supported")
-    return Request(parts[0].upper(), parts[1], headers)
-
-
-async def _body_chunks(
-    req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> AsyncIterator[bytes]:
-    """The request body as it arrives: Content-Length or chunked (de-chunked here)."""
-    if req.headers.get("expect", "").lower() == "100-continue":
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        await writer.drain()
-    if _chunked(req):
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError as e:
-                raise HttpError(400, "bad chunk size") from e
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass  # trailers: ignored
-                return
-            left = size
-            while left:
-                data = await reader.read(min(left, IO_CHUNK))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", left)
-                left -= len(data)
-                yield data
-            if await reader.readexactly(2) != b"\r\n":
-                raise HttpError(400, "bad chunk framing")
-        return
-    if "content-length" not in req.headers:
-        if req.method == "POST":
-            raise HttpError(411)
-        return
-    try:
-        left = int(req.headers["content-length"])
-    except ValueError as e:
-        raise HttpError(400, "bad content-length") from e
-    if left < 0:
-        raise HttpError(400, "bad content-length")
-    while left:
-        data = await reader.read(min(left, IO_CHUNK))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", left)
-        left -= len(data)
-        yield data
+# -- helpers -----------------------------------------------------------------------------
+def _settled(ex: Exchange) -> bool:
+    """Can the connection take another request? A bodiless request the handler never
+    read to its end is finished here; one with an unread body means closing."""
+    if ex.conn.their_state is h11.SEND_BODY and ex.conn.our_state is h11.DONE:
+        try:
+            ev = ex.conn.next_event()
+        except h11.RemoteProtocolError:
+            return False
+        if not isinstance(ev, h11.EndOfMessage):
+            return False
+    return ex.reusable()
 
 
 async def _cgi_head(stdout: asyncio.StreamReader) -> tuple[str, list[tuple[str, str]]]:
@@ -457,30 +368,3 @@ async def _cgi_head(stdout: asyncio.StreamReader) -> tuple[str, list[tuple[str, 
 async def _drain_log(stderr: asyncio.StreamReader) -> None:
     while line := await stderr.readline():
         log.info("http-backend: %s", line.decode(errors="replace").rstrip())
-
-
-async def _respond(
-    writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes
-) -> None:
-    head = f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\n"
-    for k, v in {**headers, "Content-Length": str(len(body)), "Connection": "close"}.items():
-        head += f"{k}: {v}\r\n"
-    writer.write(head.encode("latin-1") + b"\r\n" + body)
-    await writer.drain()
-
-
-async def _simple(writer: asyncio.StreamWriter, status: int, text: str) -> None:
-    try:
-        await _respond(writer, status, {"Content-Type": "text/plain"}, (text + "\n").encode())
-    except (ConnectionError, RuntimeError):
-        pass
-
-
-async def _unauthorized(writer: asyncio.StreamWriter) -> None:
-    """401 before reading the body: git retries with the credentials from its URL."""
-    await _respond(
-        writer,
-        401,
-        {"WWW-Authenticate": 'Basic realm="kovanex"', "Content-Type": "text/plain"},
-        b"a token is required: the cluster secret, or a user token (kovanex token create)\n",
-    )
