@@ -59,6 +59,7 @@ class Cluster:
         self.on_member_event = on_member_event
         cfg = ctx.cfg
         self.keyring = load_keyring(ctx.layout, cfg)
+        self.cordoned = False  # DrainNode/CordonNode: no new placements here (meta "cordon")
         if not self.keyring.keys():
             log.warning(
                 "gossip is NOT encrypted (--insecure-gossip in %s): any process that can "
@@ -75,6 +76,7 @@ class Cluster:
         )
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
         self.seq = 0
+        self.on_record: Callable[[dict[str, Any]], None] = lambda event: None
         self._last_meta: dict[str, Any] = {}
         self._handlers: set[asyncio.Task[Any]] = set()
 
@@ -125,6 +127,7 @@ class Cluster:
             "run": [slots.used, slots.total],
             "http": self.http_url(),
             "health": round(self.local.health(), 2),
+            **({"cordon": True} if self.cordoned else {}),
         }
 
     def refresh(self) -> None:
@@ -190,8 +193,9 @@ class Cluster:
     def node_infos(self) -> list[NodeInfo]:
         """Alive remote members as scheduler input (the local node is built fresh)."""
         infos = []
+        cordoned = {m.name for m in self.node.members() if (m.meta or {}).get("cordon")}
         for d in self.members():
-            if d["name"] == self.ctx.name or d["status"] != "alive":
+            if d["name"] == self.ctx.name or d["status"] != "alive" or d["name"] in cordoned:
                 continue
             infos.append(
                 NodeInfo(
@@ -213,7 +217,9 @@ class Cluster:
     # -- events ------------------------------------------------------------------------
     def record(self, kind: str, data: dict[str, Any]) -> None:
         self.seq += 1
-        self.events.append({"seq": self.seq, "time": self.ctx.clock.time(), "kind": kind, **data})
+        event = {"seq": self.seq, "time": self.ctx.clock.time(), "kind": kind, **data}
+        self.events.append(event)
+        self.on_record(event)
 
     def since(self, seq: int) -> list[dict[str, Any]]:
         return [e for e in self.events if e["seq"] > seq]

@@ -38,6 +38,7 @@ from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.watcher import RefWatcher
+from kovanex.api.service import ApiService
 from kovanex.core.effects import Assign
 from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
@@ -57,7 +58,10 @@ class Agent:
         self.runs = RunTable(ctx)
         self.locks = TaskLocks()
         self.placer = Placer(
-            lambda: [self.local.info(), *self.cluster.node_infos()],
+            lambda: [
+                *([] if self.cluster.cordoned else [self.local.info()]),
+                *self.cluster.node_infos(),
+            ],
             self.repos.ledger,
             lambda: ctx.cfg.strategy,
         )
@@ -112,6 +116,8 @@ class Agent:
             self.watch,
         )
         self.token_sync = TokenSync(self.book, gossip)
+        self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
+        self.http.router = self.api.router
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.watcher: RefWatcher | None = None
@@ -128,6 +134,7 @@ class Agent:
         self.failover.requeued = self._requeued
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
+        self.cluster.on_record = self.api.recorded
 
     # -- wiring helpers ----------------------------------------------------------------
     def http_url(self) -> str:
@@ -136,6 +143,10 @@ class Agent:
     def watch(self, repo: str) -> None:
         if self.watcher is not None:
             self.watcher.watch(self.repos.path(repo))
+
+    def _ref_moved(self, repo: str, task_id: str | None) -> None:
+        self.dispatcher.changed(repo, task_id)
+        self.api.ref_moved(repo, task_id)
 
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)
@@ -180,7 +191,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stop_event.set)
         layout.run.mkdir(parents=True, exist_ok=True)
-        self.watcher = RefWatcher(layout.repos, loop, self.dispatcher.changed)
+        self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
         self.watcher.start()
@@ -194,6 +205,7 @@ class Agent:
                 log.info("killed an orphaned step from before the restart (%s)", pidfile.stem)
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
+        self.api.start()
         await self.cluster.start()
         self.token_sync.start()
         self.remote.start()
@@ -230,6 +242,7 @@ class Agent:
         await self.replicas.stop()
         await self.cluster.stop(graceful=ctx.leaving)
         await self.http.close()
+        await self.api.stop()
         await self.control.close()
         layout.pid_file.unlink(missing_ok=True)
 

@@ -148,6 +148,8 @@ class GitHttpServer:
                     break
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            pass  # close() ends kept-alive and streaming connections: a normal end for them
         except HttpError as e:
             await ex.error(e.status, str(e), e.field)
         except Exception:

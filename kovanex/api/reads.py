@@ -1,0 +1,198 @@
+"""Read operations: answered on any SERVER or FULL node from gossip and git (stateless).
+
+Nothing here asks another node: members, health and the graph are this node's gossip
+view, tasks are read from the repos this node holds (owned or replicated), so a client may
+ask any node and, as in Nomad's default consistency, gets that node's view. Each handler
+reuses the service or the control-socket op that already owns the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from kovanex.agent.control import ControlError
+from kovanex.api.router import ApiError, Call, Handler
+from kovanex.core.graph import ClusterGraph
+from kovanex.gitstate.refs import task_ref, valid_task_id
+from kovanex.runner import units as unitsmod
+
+if TYPE_CHECKING:
+    from kovanex.agent.daemon import Agent
+
+GOSSIP_TOPICS = ("health", "repos", "assign", "refs")
+
+
+async def control(agent: Agent, op: str, **args: Any) -> Any:
+    """An existing control-socket op, its refusal turned into a JSON 4xx."""
+    try:
+        return await agent.ops.on_control(op, args)
+    except ControlError as e:
+        raise ApiError(409, str(e), code="refused") from e
+
+
+def members(agent: Agent) -> list[dict[str, Any]]:
+    cordoned = {m.name for m in agent.cluster.node.members() if (m.meta or {}).get("cordon")} | (
+        {agent.ctx.name} if agent.cluster.cordoned else set()
+    )
+    return [{**m, "cordoned": m["name"] in cordoned} for m in agent.cluster.members()]
+
+
+def node(agent: Agent, name: str) -> dict[str, Any]:
+    for m in members(agent):
+        if m["name"] == name:
+            return m
+    raise ApiError(404, f"no member named {name!r}; see ListNodes", "path.name")
+
+
+def task_row(repo: str, task_id: str, view: Any) -> dict[str, Any]:
+    return {
+        "id": task_id,
+        "repo": repo,
+        "state": view.state,
+        "node": view.node,
+        "epoch": view.epoch,
+        "reason": view.reason or "",
+        "attempt": view.attempt,
+        "tip": view.tip,
+    }
+
+
+def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
+    """The ledger holding task_id, or a 404 that says what is missing."""
+    if repo not in agent.repos.all():
+        raise ApiError(404, f"no repo {repo!r} on {agent.ctx.name}", "path.repo")
+    led = agent.repos.ledger(repo)
+    if not valid_task_id(task_id) or led.store.get_ref(task_ref(task_id)) is None:
+        raise ApiError(404, f"no task {task_id!r} in repo {repo}", "path.task")
+    return led
+
+
+def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
+    from kovanex.cli.taskcmd import describe
+
+    led = ledger_of(agent, repo, task_id)
+    d = describe(repo, led, task_id)
+    d["reason"] = d.get("reason") or ""
+    return d
+
+
+def list_tasks(agent: Agent, repo: str | None, state: str | None) -> list[dict[str, Any]]:
+    rows = []
+    for r in [repo] if repo else agent.repos.all():
+        if r not in agent.repos.all():
+            raise ApiError(404, f"no repo {r!r} on {agent.ctx.name}", "query.repo")
+        led = agent.repos.ledger(r)
+        for tid in led.list_tasks():
+            view = led.read(tid)
+            if state and view.state != state:
+                continue
+            rows.append(task_row(r, tid, view))
+    return rows
+
+
+def unit_rows(agent: Agent) -> list[dict[str, Any]]:
+    busy = agent.runs.busy_units()
+    return [
+        {
+            "index": u.index,
+            "user": u.user,
+            "uid": u.uid,
+            "path": str(u.path),
+            "cgroup": ",".join(f"{c}:{d}" for c, d in u.cgroups),
+            "limits": unitsmod.limits_of(u),
+            "task": busy.get(u.index, "-"),
+        }
+        for u in agent.runs.units
+    ]
+
+
+def unit(agent: Agent, index: int) -> Any:
+    for u in agent.runs.units:
+        if u.index == index:
+            return u
+    raise ApiError(404, f"no compute unit {index} on {agent.ctx.name}", "path.index")
+
+
+def handlers(agent: Agent) -> dict[str, Handler]:
+    a = agent
+
+    async def list_nodes(c: Call) -> Any:
+        return {"nodes": members(a), "index": a.api.hub.index}
+
+    async def get_node(c: Call) -> Any:
+        return node(a, c.params["name"])
+
+    async def graph(c: Call) -> Any:
+        return ClusterGraph.from_members(a.cluster.members()).to_dict()
+
+    async def health(c: Call) -> Any:
+        return await control(a, "health")
+
+    async def sync_state(c: Call) -> Any:
+        topics = {t: a.cluster.node.items(t) for t in GOSSIP_TOPICS}
+        return {
+            "node": a.ctx.name,
+            "members": members(a),
+            "topics": topics,
+            "stats": a.cluster.node.stats(),
+        }
+
+    async def placement(c: Call) -> Any:
+        d = await asyncio.to_thread(get_task, a, c.params["repo"], c.params["task"])
+        return {"task": d["id"], "node": d["node"], "placements": d["placements"]}
+
+    async def replication(c: Call) -> Any:
+        repo = c.params["repo"]
+        st = a.replicas.status(repo)
+        if not st and repo not in a.repos.all():
+            raise ApiError(404, f"no repo {repo!r} known to {a.ctx.name}", "path.repo")
+        return {"repo": repo, "owner": st.get("owner"), "level": st.get("level", "none"), **st}
+
+    async def list_tasks_h(c: Call) -> Any:
+        rows = await asyncio.to_thread(list_tasks, a, c.query.get("repo"), c.query.get("state"))
+        return {"tasks": rows, "index": a.api.hub.index}
+
+    async def get_task_h(c: Call) -> Any:
+        return await asyncio.to_thread(get_task, a, c.params["repo"], c.params["task"])
+
+    async def list_tokens(c: Call) -> Any:
+        import time
+
+        now = time.time()
+        return {
+            "tokens": [
+                {**{k: v for k, v in r.to_dict().items() if k != "digest"}, "state": r.state(now)}
+                for r in a.book.records()
+            ]
+        }
+
+    async def list_units(c: Call) -> Any:
+        return {"mode": a.ctx.cfg.units_mode, "isolation": a.runs.isolation, "units": unit_rows(a)}
+
+    async def inspect_unit(c: Call) -> Any:
+        u = unit(a, c.params["index"])
+        row = next(r for r in unit_rows(a) if r["index"] == u.index)
+        return {**row, "pids": sorted(unitsmod.pids(u))}
+
+    async def scale_decision(c: Call) -> Any:
+        svc = getattr(a, "scaling", None)
+        if svc is None:
+            raise ApiError(503, "no autoscaler on this agent", code="unavailable")
+        return svc.decision()
+
+    return {
+        "ListNodes": list_nodes,
+        "GetNode": get_node,
+        "GetClusterGraph": graph,
+        "GetHealthMatrix": health,
+        "SyncState": sync_state,
+        "GetTaskPlacement": placement,
+        "GetReplicationStatus": replication,
+        "ListTasks": list_tasks_h,
+        "GetTask": get_task_h,
+        "ListTokens": list_tokens,
+        "ListUnits": list_units,
+        "InspectUnit": inspect_unit,
+        "GetScaleDecision": scale_decision,
+    }

@@ -1,0 +1,354 @@
+"""The /v1 router: route, authenticate, validate, block, forward, answer; JSON errors only.
+
+Every step refuses with the API's error shape `{code, message, field}` and a fitting
+status (404 and 405 included), and nothing below it can leak a traceback: an exception a
+handler did not expect is logged and answered as a JSON 500. Requests are validated
+against the OpenAPI document (spec.py); responses too, so a handler that drifts from the
+schema fails loudly in tests instead of surprising a client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from kovanex.api import spec
+from kovanex.api.events import TOPICS, EventHub
+from kovanex.net.http11 import HttpRequest, HttpResponse, error_body
+from kovanex.net.httpauth import NODE, Principal, authenticate
+from kovanex.tokens import Refused, TokenBook
+
+log = logging.getLogger("kovanex.api")
+SESSION_COOKIE = "kovanex_session"  # the dashboard's cookie: a user token, for EventSource
+FORWARDED = "x-kovanex-forwarded"
+DEFAULT_WAIT_S = 60.0
+MAX_WAIT_S = 300.0
+INTERNAL = ("/v1/nudge/", "/v1/internal/")  # node-internal calls: githttp's legacy api
+JSON = "application/json"
+_URN = "urn:kovanex:openapi"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.code = code
+
+
+@dataclass
+class Call:
+    """One validated request, as a handler sees it."""
+
+    op: spec.Op
+    params: dict[str, Any]
+    query: dict[str, Any]
+    body: dict[str, Any]
+    who: Principal
+    headers: dict[str, str]
+    raw_body: bytes
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+Forward = Callable[[Call], Awaitable[HttpResponse | None]]
+
+
+def json_response(
+    status: int, doc: Any, index: int, extra: dict[str, str] | None = None
+) -> HttpResponse:
+    headers = {"Content-Type": JSON, "X-Kovanex-Index": str(index), **(extra or {})}
+    return HttpResponse(status, headers, json.dumps(doc).encode())
+
+
+def error_response(
+    e: ApiError, index: int = 0, extra: dict[str, str] | None = None
+) -> HttpResponse:
+    body = json.loads(error_body(e.status, str(e), e.field))
+    if e.code:
+        body["code"] = e.code
+    return json_response(e.status, body, index, extra)
+
+
+def _rewrite_refs(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: (
+                _URN + v
+                if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                else _rewrite_refs(v)
+            )
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_rewrite_refs(v) for v in node]
+    return node
+
+
+def _field(err: Any, where: str) -> str:
+    path = ".".join(str(p) for p in err.absolute_path)
+    if err.validator == "required":
+        m = re.search(r"'([^']+)' is a required property", err.message)
+        path = ".".join(x for x in (path, m.group(1) if m else "") if x)
+    if err.validator == "additionalProperties":
+        m = re.search(r"\('([^']+)'", err.message)
+        path = ".".join(x for x in (path, m.group(1) if m else "") if x)
+    return f"{where}.{path}" if path else where
+
+
+class Route:
+    def __init__(self, op: spec.Op, registry: Registry) -> None:
+        self.op = op
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(op.path))
+        self.regex = re.compile(f"^{pattern}$")
+
+        def validator(schema: dict[str, Any] | None) -> Draft202012Validator | None:
+            if schema is None:
+                return None
+            return Draft202012Validator(_rewrite_refs(schema), registry=registry)
+
+        self.body = validator(op.body)
+        self.response = validator(op.response)
+        self.params = {p: validator(spec.PATH_SCHEMAS[p]) for p in op.params()}
+        query = dict(op.query)
+        if op.blocking:
+            query.update(spec.INDEX_Q)
+        self.query = {k: validator(v) for k, v in query.items()}
+        self.query_types = {k: v.get("type") for k, v in query.items()}
+
+
+class ApiRouter:
+    """Claims /healthz, /metrics and /v1/... (not the node-internal paths) on the listener."""
+
+    def __init__(
+        self,
+        hub: EventHub,
+        cluster_secret: str,
+        book: TokenBook | None,
+        handlers: dict[str, Handler],
+        *,
+        forward: Forward | None = None,
+        metrics: Callable[[], tuple[str, bytes] | None] = lambda: None,
+    ) -> None:
+        self.hub = hub
+        self.secret = cluster_secret
+        self.book = book
+        self.handlers = handlers
+        self.forward = forward
+        self.metrics = metrics
+        doc = spec.load()
+        self.doc_bytes = json.dumps(doc).encode()
+        registry = Registry().with_resource(
+            _URN, Resource.from_contents(doc, default_specification=DRAFT202012)
+        )
+        self.routes = [Route(op, registry) for op in spec.OPS]
+
+    def claims(self, path: str) -> bool:
+        if path in ("/healthz", "/metrics"):
+            return True
+        return (path == "/v1" or path.startswith("/v1/")) and not path.startswith(INTERNAL)
+
+    async def handle(self, req: HttpRequest) -> HttpResponse:
+        try:
+            return await self._handle(req)
+        except ApiError as e:
+            return error_response(e, self.hub.index)
+        except Exception:  # noqa: BLE001 - a JSON 500, never a traceback
+            log.exception("api: %s %s failed", req.method, req.path)
+            return error_response(
+                ApiError(500, "internal error; see the agent's log"), self.hub.index
+            )
+
+    # -- the fixed paths -------------------------------------------------------------------
+    async def _handle(self, req: HttpRequest) -> HttpResponse:
+        if req.path == "/healthz":
+            _only(req, "GET", "HEAD")
+            return HttpResponse(200, {"Content-Type": "text/plain"}, b"ok\n")
+        if req.path == "/metrics":
+            _only(req, "GET", "HEAD")
+            got = self.metrics()
+            if got is None:
+                raise ApiError(503, "no metrics registry on this agent", code="unavailable")
+            return HttpResponse(200, {"Content-Type": got[0]}, got[1])
+        if req.path == "/v1/openapi.json":
+            _only(req, "GET", "HEAD")
+            return HttpResponse(200, {"Content-Type": JSON}, self.doc_bytes)
+        if req.path == "/v1/events":
+            _only(req, "GET")
+            return self._events(req)
+        who = self._auth(req, cookie=False)  # before routing: no token, no map of the API
+        route, params = self._route(req)
+        call = self._call(route, params, req, who)
+        self._permit(call)
+        if route.op.blocking and "index" in call.query:
+            await self.hub.wait_past(call.query["index"], _wait(call.query.get("wait")))
+        if route.op.write and self.forward is not None:
+            fwd = await self.forward(call)
+            if fwd is not None:
+                return fwd
+        handler = self.handlers.get(route.op.op_id)
+        if handler is None:
+            raise ApiError(503, f"{route.op.op_id} is not served by this agent", code="unavailable")
+        doc = await handler(call)
+        if route.response is not None:
+            errs = sorted(route.response.iter_errors(doc), key=lambda e: list(e.absolute_path))
+            if errs:
+                log.error("api: %s answer breaks its schema: %s", route.op.op_id, errs[0].message)
+                raise ApiError(500, f"{route.op.op_id}: the answer broke its schema")
+        return json_response(route.op.status, doc, self.hub.index)
+
+    def _events(self, req: HttpRequest) -> HttpResponse:
+        self._auth(req, cookie=True)
+        q = parse_qs(req.query)
+        topics = [t for t in ",".join(q.get("topic", [])).split(",") if t]
+        bad = [t for t in topics if t not in TOPICS]
+        if bad:
+            raise ApiError(
+                400, f"unknown topic {bad[0]!r}; topics: {', '.join(TOPICS)}", "query.topic"
+            )
+        since = self.hub.index
+        raw = req.headers.get("last-event-id") or (q.get("index") or [""])[0]
+        if raw:
+            if not raw.isdigit():
+                raise ApiError(400, "index must be a non-negative integer", "query.index")
+            since = int(raw)
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Kovanex-Index": str(self.hub.index),
+        }
+        return HttpResponse(200, headers, self.hub.stream(since, topics or None))
+
+    # -- steps -------------------------------------------------------------------------------
+    def _route(self, req: HttpRequest) -> tuple[Route, dict[str, str]]:
+        allowed = []
+        for r in self.routes:
+            m = r.regex.match(req.path)
+            if m is None:
+                continue
+            if r.op.method == req.method or (req.method == "HEAD" and r.op.method == "GET"):
+                return r, m.groupdict()
+            allowed.append(r.op.method)
+        if allowed:
+            raise ApiError(
+                405,
+                f"{req.method} is not allowed on {req.path}; use {', '.join(sorted(set(allowed)))}",
+                code="method_not_allowed",
+            )
+        raise ApiError(404, f"no API operation at {req.path}; see /v1/openapi.json")
+
+    def _auth(self, req: HttpRequest, *, cookie: bool) -> Principal:
+        header = req.headers.get("authorization", "")
+        if not header and cookie and "cookie" in req.headers:
+            try:
+                jar = SimpleCookie(req.headers["cookie"])
+            except CookieError:
+                jar = SimpleCookie()
+            if SESSION_COOKIE in jar:
+                header = f"Bearer {jar[SESSION_COOKIE].value}"
+        who = authenticate(header, self.secret, self.book)
+        if isinstance(who, Refused):
+            raise ApiError(401, str(who), code="unauthorized")
+        if who is None:
+            raise ApiError(
+                401,
+                "a token is required: Authorization: Bearer <token> (kovanex token create)",
+                code="unauthorized",
+            )
+        return who
+
+    def _call(self, route: Route, params: dict[str, str], req: HttpRequest, who: Principal) -> Call:
+        typed: dict[str, Any] = {}
+        for name, raw in params.items():
+            val: Any = (
+                int(raw)
+                if route.op.path.count("{index}") and name == "index" and raw.isdigit()
+                else raw
+            )
+            v = route.params[name]
+            if v is not None and (err := next(iter(v.iter_errors(val)), None)) is not None:
+                if name == "index":
+                    raise ApiError(400, f"path parameter {name}: {err.message}", f"path.{name}")
+                raise ApiError(404, f"no {name} {raw!r}: {err.message}", f"path.{name}")
+            typed[name] = val
+        query: dict[str, Any] = {}
+        for name, values in parse_qs(req.query, keep_blank_values=True).items():
+            if name not in route.query:
+                continue
+            raw = values[-1]
+            val = raw
+            if route.query_types[name] == "integer":
+                if not raw.isdigit():
+                    raise ApiError(
+                        400,
+                        f"query parameter {name} must be a non-negative integer",
+                        f"query.{name}",
+                    )
+                val = int(raw)
+            v = route.query[name]
+            if v is not None and (err := next(iter(v.iter_errors(val)), None)) is not None:
+                raise ApiError(400, f"query parameter {name}: {err.message}", f"query.{name}")
+            query[name] = val
+        body: dict[str, Any] = {}
+        if route.body is not None and req.body.strip():
+            ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
+            if ctype not in (JSON, "", "application/*+json") and not ctype.endswith("+json"):
+                raise ApiError(
+                    415,
+                    f"send the body as {JSON}, not {ctype}",
+                    "body",
+                    code="unsupported_media_type",
+                )
+            try:
+                body = json.loads(req.body)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ApiError(400, f"the body is not JSON: {e}", "body") from e
+            err = next(
+                iter(sorted(route.body.iter_errors(body), key=lambda e: list(e.absolute_path))),
+                None,
+            )
+            if err is not None:
+                raise ApiError(400, f"bad request body: {err.message}", _field(err, "body"))
+        return Call(route.op, typed, query, body, who, req.headers, req.body)
+
+    def _permit(self, call: Call) -> None:
+        need, who = call.op.scope, call.who
+        if need == "node":
+            if who.scope != NODE:
+                raise ApiError(
+                    403,
+                    f"{call.op.op_id} is for nodes: it needs the cluster secret",
+                    code="forbidden",
+                )
+            return
+        repo = call.params.get("repo") or call.body.get("repo")
+        if not who.may(need, repo if isinstance(repo, str) else None):
+            raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", code="forbidden")
+
+
+def _only(req: HttpRequest, *methods: str) -> None:
+    if req.method not in methods:
+        raise ApiError(
+            405,
+            f"{req.method} is not allowed on {req.path}; use {', '.join(methods)}",
+            code="method_not_allowed",
+        )
+
+
+def _wait(raw: str | None) -> float:
+    """Nomad's `wait`: 250ms, 30s, 5m or plain seconds; capped at MAX_WAIT_S."""
+    if not raw:
+        return DEFAULT_WAIT_S
+    m = re.fullmatch(spec.WAIT, raw)
+    assert m is not None  # validated against the schema already
+    unit = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(1)]
+    return min(float(raw.rstrip("ms")) * unit, MAX_WAIT_S)

@@ -1,0 +1,360 @@
+"""The ClusterService's OpenAPI 3.1 document, built from one table of operations.
+
+The table is the single source: `openapi.json` beside this file is its output (shipped in
+the package, served at /v1/openapi.json; tests/test_api.py checks the two agree), the
+router's routes, scopes and blocking flags come from the same entries, and so do the
+client's method names. Regenerate with `python -m kovanex.api.spec`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DOC_PATH = Path(__file__).with_name("openapi.json")
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+WAIT = r"^[0-9]{1,6}(ms|s|m)?$"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One RPC: its HTTP shape, the token scope it needs and what it takes and returns."""
+
+    op_id: str
+    method: str
+    path: str
+    scope: str  # read | push | admin | node  (tokens.py scopes; node = cluster secret)
+    summary: str
+    tag: str
+    body: dict[str, Any] | None = None
+    response: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    query: dict[str, dict[str, Any]] = field(default_factory=dict)
+    blocking: bool = False  # a read that takes ?index=&wait= (Nomad's blocking query)
+    write: bool = False  # decided by the repo owner (or the named node): forwarded there
+    status: int = 200
+
+    def params(self) -> list[str]:
+        return [p[1:-1] for p in self.path.split("/") if p.startswith("{")]
+
+
+def obj(props: dict[str, Any], required: tuple[str, ...] = (), extra: bool = True) -> dict:
+    d: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        d["required"] = list(required)
+    if not extra:
+        d["additionalProperties"] = False
+    return d
+
+
+def arr(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+S = {"type": "string"}
+I0 = {"type": "integer", "minimum": 0}
+NUM = {"type": "number"}
+B = {"type": "boolean"}
+ANY_OBJ = {"type": "object"}
+NULLABLE_S = {"type": ["string", "null"]}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": obj(
+        {"code": S, "message": S, "field": NULLABLE_S}, ("code", "message", "field"), extra=False
+    ),
+    "Node": obj(
+        {
+            "name": S,
+            "addr": S,
+            "status": S,
+            "role": S,
+            "labels": {"type": "object", "additionalProperties": S},
+            "capabilities": arr(S),
+            "runners_used": I0,
+            "runners_total": I0,
+            "health": NUM,
+            "repos_owned": arr(S),
+            "repos_replica": arr(S),
+            "http": S,
+            "cordoned": B,
+        },
+        ("name", "status", "role"),
+    ),
+    "Task": obj(
+        {"id": S, "repo": S, "state": S, "node": NULLABLE_S, "epoch": I0, "reason": S},
+        ("id", "repo", "state"),
+    ),
+    "Token": obj(
+        {
+            "name": S,
+            "scope": {"enum": ["read", "push", "admin"]},
+            "repos": S,
+            "state": S,
+            "created": NUM,
+            "expires": {"type": ["number", "null"]},
+            "revoked": {"type": ["number", "null"]},
+        },
+        ("name", "scope", "state"),
+    ),
+    "Unit": obj({"index": I0, "user": S, "uid": I0, "path": S, "task": S}, ("index", "task")),
+    "Replication": obj({"repo": S, "owner": NULLABLE_S, "level": S}, ("repo",)),
+}
+
+INDEX_Q = {"index": I0, "wait": {"type": "string", "pattern": WAIT}}
+TASK = "/v1/tasks/{repo}/{task}"
+# fmt: off
+OPS: tuple[Op, ...] = (
+    # -- membership ----------------------------------------------------------------------
+    Op("JoinCluster", "POST", "/v1/cluster/join", "admin", "Join this node to peers by address",
+       "membership", body=obj({"addrs": {**arr(S), "minItems": 1, "maxItems": 16},
+                               "timeout": {"type": "number", "minimum": 0.1, "maximum": 30}},
+                              ("addrs",), extra=False),
+       response=obj({"joined": I0}, ("joined",))),
+    Op("LeaveCluster", "POST", "/v1/cluster/leave", "admin",
+       "This node leaves the cluster gracefully and its agent stops", "membership",
+       response=obj({"leaving": B}, ("leaving",))),
+    Op("ListNodes", "GET", "/v1/nodes", "read", "Every member as gossip sees it", "membership",
+       response=obj({"nodes": arr(ref("Node")), "index": I0}, ("nodes", "index")),
+       blocking=True),
+    Op("GetNode", "GET", "/v1/nodes/{name}", "read", "One member", "membership",
+       response=ref("Node"), blocking=True),
+    Op("RemoveNode", "DELETE", "/v1/nodes/{name}", "admin",
+       "Force a failed member out of the cluster (Serf's force-leave)", "membership",
+       response=obj({"removed": S}, ("removed",))),
+    Op("DrainNode", "POST", "/v1/nodes/{name}/drain", "admin",
+       "Cordon the node and report the runs it still has; they finish, none start",
+       "membership", body=obj({"enable": B}, extra=False),
+       response=obj({"node": S, "cordoned": B, "running": arr(S)}, ("node", "cordoned")),
+       write=True),
+    Op("CordonNode", "POST", "/v1/nodes/{name}/cordon", "admin",
+       "Stop (enable) or resume (enable=false) placing new tasks on the node", "membership",
+       body=obj({"enable": B}, extra=False),
+       response=obj({"node": S, "cordoned": B}, ("node", "cordoned")), write=True),
+    # -- health --------------------------------------------------------------------------
+    Op("ReportHealth", "POST", "/v1/health/report", "admin",
+       "Sample this node's health now and gossip it", "health",
+       response=obj({"node": S, "score": NUM, "vector": ANY_OBJ}, ("node", "score"))),
+    Op("GetClusterGraph", "GET", "/v1/cluster/graph", "read",
+       "Nodes, environments and replication edges", "health",
+       response=obj({"vertices": arr(ANY_OBJ), "edges": arr(ANY_OBJ)}, ("vertices", "edges")),
+       blocking=True),
+    Op("GetHealthMatrix", "GET", "/v1/health", "read",
+       "Health score and vector of every node; this node's probe matrix", "health",
+       response=obj({"node": S, "nodes": ANY_OBJ}, ("node", "nodes")), blocking=True),
+    # -- gossip --------------------------------------------------------------------------
+    Op("Gossip", "POST", "/v1/gossip", "node",
+       "Publish an application item on the cluster's gossip (x- topics only)", "gossip",
+       body=obj({"topic": {"type": "string", "pattern": r"^x-[a-z0-9-]{1,40}$"},
+                 "key": {"type": "string", "pattern": NAME}, "value": ANY_OBJ},
+                ("topic", "key", "value"), extra=False),
+       response=obj({"published": B}, ("published",))),
+    Op("SyncState", "GET", "/v1/gossip/state", "read",
+       "This node's whole gossip view: members and application topics", "gossip",
+       response=obj({"node": S, "members": arr(ref("Node")), "topics": ANY_OBJ,
+                     "stats": ANY_OBJ}, ("node", "members", "topics")), blocking=True),
+    # -- scheduling ----------------------------------------------------------------------
+    Op("ScheduleTask", "POST", TASK + "/schedule", "push",
+       "Run a placement pass for a queued task now", "scheduling",
+       response=ref("Task"), write=True),
+    Op("RescheduleTask", "POST", TASK + "/reschedule", "push",
+       "Take a placed or running task back and place it again (epoch bump fences the old)",
+       "scheduling", body=obj({"reason": {"type": "string", "maxLength": 200}}, extra=False),
+       response=ref("Task"), write=True),
+    Op("GetTaskPlacement", "GET", TASK + "/placement", "read",
+       "Where the task is placed and every placement with its score breakdown", "scheduling",
+       response=obj({"task": S, "node": NULLABLE_S, "placements": arr(ANY_OBJ)},
+                    ("task", "placements")), blocking=True),
+    # -- replication ---------------------------------------------------------------------
+    Op("SetReplicationLevel", "PUT", "/v1/repos/{repo}/replication", "admin",
+       "Set a repo's replication level and replica count (decided by its owner)",
+       "replication", body=obj({"level": {"enum": ["none", "async", "sync"]},
+                                "replicas": {"type": "integer", "minimum": 0, "maximum": 9}},
+                               ("level",), extra=False),
+       response=ref("Replication"), write=True),
+    Op("GetReplicationStatus", "GET", "/v1/repos/{repo}/replication", "read",
+       "Owner, epoch, replicas and their lag for one repo", "replication",
+       response=ref("Replication"), blocking=True),
+    # -- scaling (the service is kovanex/agent/scaling.py) --------------------------------
+    Op("GetScaleDecision", "GET", "/v1/scale/decision", "read",
+       "The autoscaler's recommendation, the rules that fired and the pressure history",
+       "scaling", response=obj({"pressure": NUM}, ("pressure",))),
+    Op("ApplyScaleAction", "POST", "/v1/scale/apply", "admin",
+       "Run the configured executor with the decision on stdin", "scaling",
+       body=ANY_OBJ, response=ANY_OBJ),
+    # -- tasks ---------------------------------------------------------------------------
+    Op("ListTasks", "GET", "/v1/tasks", "read", "Every task of every repo on the node",
+       "tasks", query={"repo": {"type": "string", "pattern": ID}, "state": S},
+       response=obj({"tasks": arr(ref("Task")), "index": I0}, ("tasks", "index")),
+       blocking=True),
+    Op("SubmitTask", "POST", "/v1/tasks", "push",
+       "Create task/ID from a spec: a commit on the base branch, pushed like any task",
+       "tasks", body=obj({"repo": {"type": "string", "pattern": ID},
+                          "id": {"type": "string", "pattern": ID},
+                          "spec": {"type": "string", "minLength": 1, "maxLength": 65536},
+                          "base": {"type": "string", "pattern": ID}},
+                         ("repo", "id", "spec"), extra=False),
+       response=ref("Task"), write=True, status=201),
+    Op("GetTask", "GET", TASK, "read", "State, lease, steps and placements of a task",
+       "tasks", response=ref("Task"), blocking=True),
+    Op("CancelTask", "POST", TASK + "/cancel", "push",
+       "Cancel a task; the epoch bump stops its running step", "tasks",
+       body=obj({"reason": {"type": "string", "maxLength": 200}}, extra=False),
+       response=ref("Task"), write=True),
+    Op("RetryTask", "POST", TASK + "/retry", "push",
+       "Queue a failed or cancelled task again", "tasks", response=ref("Task"), write=True),
+    # -- tokens --------------------------------------------------------------------------
+    Op("ListTokens", "GET", "/v1/tokens", "admin", "Token records (never the secrets)",
+       "tokens", response=obj({"tokens": arr(ref("Token"))}, ("tokens",))),
+    Op("CreateToken", "POST", "/v1/tokens", "admin",
+       "Create a user token; the secret is in this answer only", "tokens",
+       body=obj({"name": {"type": "string", "pattern": NAME},
+                 "scope": {"enum": ["read", "push", "admin"]},
+                 "repos": {"type": "string", "minLength": 1, "maxLength": 200},
+                 "expires": {"type": "string", "pattern": r"^[0-9]{1,6}[smhdw]$"}},
+                ("name", "scope"), extra=False),
+       response=obj({"token": S, "record": ref("Token")}, ("token", "record")), status=201),
+    Op("RevokeToken", "DELETE", "/v1/tokens/{name}", "admin", "Revoke a token, for good",
+       "tokens", response=ref("Token")),
+    # -- compute units -------------------------------------------------------------------
+    Op("ListUnits", "GET", "/v1/units", "read", "This node's compute units and their tasks",
+       "units", response=obj({"mode": S, "isolation": S, "units": arr(ref("Unit"))},
+                             ("units",))),
+    Op("InspectUnit", "GET", "/v1/units/{index}", "read",
+       "One unit: user, cgroups, path, limits, task, processes", "units",
+       response=ref("Unit")),
+    Op("ProvisionUnits", "POST", "/v1/units/provision", "admin",
+       "Create the users, paths and cgroups of the node's units (as root)", "units",
+       response=obj({"units": arr(ref("Unit"))}, ("units",))),
+    Op("DeprovisionUnits", "POST", "/v1/units/deprovision", "admin",
+       "Remove the units' paths and cgroups; refused while a unit runs a step", "units",
+       body=obj({"delete_users": B}, extra=False),
+       response=obj({"removed": I0}, ("removed",))),
+    Op("DrainUnit", "POST", "/v1/units/{index}/drain", "admin",
+       "Stand the unit's run down and kill what is left in it", "units",
+       response=obj({"index": I0, "stood_down": NULLABLE_S, "killed": I0},
+                    ("index", "killed"))),
+)
+# fmt: on
+
+PATH_SCHEMAS = {
+    "name": {"type": "string", "pattern": NAME},
+    "repo": {"type": "string", "pattern": ID},
+    "task": {"type": "string", "pattern": ID},
+    "index": {"type": "integer", "minimum": 0, "maximum": 4096},
+}
+
+
+def _operation(op: Op) -> dict[str, Any]:
+    params: list[dict[str, Any]] = [
+        {"name": p, "in": "path", "required": True, "schema": PATH_SCHEMAS[p]} for p in op.params()
+    ]
+    query = dict(op.query)
+    if op.blocking:
+        query.update(INDEX_Q)
+    params += [{"name": k, "in": "query", "required": False, "schema": v} for k, v in query.items()]
+    err = {"description": "error", "content": {"application/json": {"schema": ref("Error")}}}
+    out: dict[str, Any] = {
+        "operationId": op.op_id,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "x-kovanex-scope": op.scope,
+        "parameters": params,
+        "responses": {
+            str(op.status): {
+                "description": "ok",
+                "content": {"application/json": {"schema": op.response}},
+            },
+            "default": err,
+        },
+    }
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": False,
+            "content": {"application/json": {"schema": op.body}},
+        }
+    if op.scope != "public":
+        out["security"] = [{"bearer": []}]
+    return out
+
+
+def build() -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op)
+    text = {"text/plain": {"schema": S}}
+    paths["/healthz"] = {
+        "get": {
+            "operationId": "Healthz",
+            "summary": "Liveness; no token",
+            "tags": ["ops"],
+            "security": [],
+            "responses": {"200": {"description": "ok", "content": text}},
+        }
+    }
+    paths["/metrics"] = {
+        "get": {
+            "operationId": "Metrics",
+            "tags": ["ops"],
+            "security": [],
+            "summary": "Prometheus text format; no token",
+            "responses": {
+                "200": {"description": "ok", "content": text},
+                "503": {"description": "no metrics here"},
+            },
+        }
+    }
+    paths["/v1/events"] = {
+        "get": {
+            "operationId": "StreamEvents",
+            "tags": ["events"],
+            "security": [{"bearer": []}],
+            "summary": "Server-sent events: every topic unless ?topic= names some",
+            "parameters": [
+                {
+                    "name": "topic",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string", "pattern": r"^[a-z,]{1,60}$"},
+                },
+                {"name": "index", "in": "query", "required": False, "schema": I0},
+            ],
+            "responses": {
+                "200": {
+                    "description": "an event stream",
+                    "content": {"text/event-stream": {"schema": S}},
+                }
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Kovanex ClusterService",
+            "version": "1",
+            "description": "HTTP/JSON under /v1 on every node's HTTP listener (ADR 0023). "
+            "Reads are answered by any SERVER or FULL node from gossip and git; writes are "
+            "forwarded to the node that decides them. Blocking reads take ?index=&wait= and "
+            "every answer carries X-Kovanex-Index.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def load() -> dict[str, Any]:
+    """The shipped document (what clients and validation see)."""
+    return json.loads(DOC_PATH.read_text())
+
+
+if __name__ == "__main__":
+    DOC_PATH.write_text(json.dumps(build(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {DOC_PATH}")

@@ -1,0 +1,274 @@
+"""Write operations. They run on the node that decides them (forward.py sends them there):
+the repo's owner for task and replication writes, the named node for drain and cordon.
+
+Task transitions are compare-and-swap appends under the task's lock, decided by the pure
+core (kovanex/core/task.py): a task that moved meanwhile is re-read and decided again,
+and an illegal transition is a 409 that says why. A submitted task is a real `git push`
+to this node's own listener, so its spec passes the same pre-receive checks as any push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kovanex.api import reads
+from kovanex.api.router import ApiError, Call, Handler
+from kovanex.core import task as taskcore
+from kovanex.gitstate.refs import task_ref, valid_task_id
+from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.runner import units as unitsmod
+from kovanex.spec import SPEC_PATH
+from kovanex.tokens import TokenError, parse_duration
+
+if TYPE_CHECKING:
+    from kovanex.agent.daemon import Agent
+
+CAS_TRIES = 20
+GIT_TIMEOUT_S = 60.0
+
+
+async def transition(
+    a: Agent, repo: str, task_id: str, decide: Callable[[taskcore.TaskView], Any]
+) -> dict[str, Any]:
+    """Decide and append one transition; retried on a lost compare-and-swap."""
+    led = reads.ledger_of(a, repo, task_id)
+    for _ in range(CAS_TRIES):
+        async with a.locks.of((repo, task_id)):
+            view = led.read(task_id)
+            try:
+                tr = decide(view)
+            except taskcore.IllegalTransition as e:
+                raise ApiError(409, str(e), code="illegal_transition") from e
+            try:
+                led.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+            except (CasConflict, StaleEpoch):
+                continue
+            a.scheduler.after_write(repo, task_id)
+        a.dispatcher.changed(repo, task_id)
+        return reads.task_row(repo, task_id, led.read(task_id))
+    raise ApiError(409, f"task {task_id} keeps changing; try again", code="conflict")
+
+
+async def git(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise ApiError(504, f"git {args[0]} timed out", code="timeout") from None
+    if proc.returncode != 0:
+        text = err.decode(errors="replace").strip()
+        raise ApiError(400, f"git {args[0]} refused: {text[-500:]}", "body", code="git_refused")
+    return out.decode().strip()
+
+
+async def submit(a: Agent, body: dict[str, Any]) -> dict[str, Any]:
+    """The spec as one commit on `base` (default: the repo's HEAD), pushed as task/ID."""
+    repo, task_id = body["repo"], body["id"]
+    if repo not in a.repos.all():
+        raise ApiError(404, f"no repo {repo!r} on {a.ctx.name}", "body.repo")
+    if not valid_task_id(task_id):
+        raise ApiError(400, f"{task_id!r} cannot be a task id", "body.id")
+    gd = str(a.repos.path(repo))
+    if await _rev(gd, task_ref(task_id)):
+        raise ApiError(409, f"task {task_id} exists in {repo}; retry or cancel it", "body.id")
+    base = await _rev(gd, body.get("base") or "HEAD")
+    if body.get("base") and not base:
+        raise ApiError(404, f"no branch {body['base']!r} in {repo}", "body.base")
+    blob = await git("--git-dir", gd, "hash-object", "-w", "--stdin", stdin=body["spec"].encode())
+    with tempfile.TemporaryDirectory(prefix="kx-submit-") as tmp:
+        idx = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        if base:
+            await git("--git-dir", gd, "read-tree", base, env=idx)
+        await git("--git-dir", gd, "update-index", "--add", "--cacheinfo",
+                  f"100644,{blob},{SPEC_PATH}", env=idx)  # fmt: skip
+        tree = await git("--git-dir", gd, "write-tree", env=idx)
+    who = {
+        "GIT_AUTHOR_NAME": "kovanex-api",
+        "GIT_AUTHOR_EMAIL": "api@kovanex",
+        "GIT_COMMITTER_NAME": "kovanex-api",
+        "GIT_COMMITTER_EMAIL": "api@kovanex",
+    }
+    parents = ["-p", base] if base else []
+    commit = await git("--git-dir", gd, "commit-tree", tree, *parents, "-m",
+                       f"task {task_id}: submitted through the API", env=who)  # fmt: skip
+    url = f"{a.http_url()}/git/{repo}.git"
+    auth = f"http.extraHeader=Authorization: Bearer {a.ctx.token}"
+    await git("--git-dir", gd, "-c", auth, "push", "-q", url,
+              f"{commit}:refs/heads/task/{task_id}")  # fmt: skip
+    led = a.repos.ledger(repo)
+    return reads.task_row(repo, task_id, led.read(task_id))
+
+
+async def _rev(git_dir: str, rev: str) -> str:
+    try:
+        return await git("--git-dir", git_dir, "rev-parse", "--verify", "-q", rev + "^{commit}")
+    except ApiError:
+        return ""
+
+
+def cordon(a: Agent, enable: bool) -> None:
+    a.cluster.cordoned = enable
+    a.cluster.refresh()
+
+
+def handlers(agent: Agent) -> dict[str, Handler]:
+    a = agent
+
+    def task_op(decide: Callable[[Call], Callable[[taskcore.TaskView], Any]]) -> Handler:
+        async def run(c: Call) -> Any:
+            return await transition(a, c.params["repo"], c.params["task"], decide(c))
+
+        return run
+
+    async def join(c: Call) -> Any:
+        return await reads.control(a, "join", addrs=c.body["addrs"],
+                                   timeout=c.body.get("timeout", 5.0))  # fmt: skip
+
+    async def leave(c: Call) -> Any:
+        return await reads.control(a, "leave")
+
+    async def remove(c: Call) -> Any:
+        name = c.params["name"]
+        reads.node(a, name)
+        if name == a.ctx.name:
+            raise ApiError(409, "a node cannot remove itself; use LeaveCluster", "path.name")
+        await reads.control(a, "force-leave", name=name)
+        return {"removed": name}
+
+    async def drain(c: Call) -> Any:
+        cordon(a, bool(c.body.get("enable", True)))
+        running = [f"{r}/{t}" for r, t in sorted(a.runs.runs)]
+        return {"node": a.ctx.name, "cordoned": a.cluster.cordoned, "running": running}
+
+    async def cordon_h(c: Call) -> Any:
+        cordon(a, bool(c.body.get("enable", True)))
+        return {"node": a.ctx.name, "cordoned": a.cluster.cordoned}
+
+    async def report_health(c: Call) -> Any:
+        if a.health is None:
+            raise ApiError(503, "no health service on this agent", code="unavailable")
+        a.health.sample_now()
+        vector, score = a.health.vector(), a.health.score()
+        a.cluster.publish_health(vector, score)
+        return {"node": a.ctx.name, "score": score, "vector": vector}
+
+    async def gossip(c: Call) -> Any:
+        a.cluster.node.publish(c.body["topic"], c.body["key"], c.body["value"])
+        return {"published": True}
+
+    async def schedule(c: Call) -> Any:
+        repo, task_id = c.params["repo"], c.params["task"]
+        led = reads.ledger_of(a, repo, task_id)
+        view = led.read(task_id)
+        if view.state != taskcore.QUEUED:
+            raise ApiError(409, f"task {task_id} is {view.state}; only queued tasks are "
+                           "scheduled (RescheduleTask moves a placed one)", code="not_queued")  # fmt: skip
+        a.scheduler.after_write(repo, task_id)
+        await a.scheduler.schedule_pending()
+        return reads.task_row(repo, task_id, led.read(task_id))
+
+    async def replication(c: Call) -> Any:
+        repo = c.params["repo"]
+        if repo not in a.repos.all():
+            raise ApiError(404, f"no repo {repo!r} on {a.ctx.name}", "path.repo")
+        got = await reads.control(a, "repo.replication", name=repo, level=c.body["level"],
+                                  replicas=c.body.get("replicas", 1))  # fmt: skip
+        return {"repo": repo, **got}
+
+    async def scale_apply(c: Call) -> Any:
+        svc = getattr(a, "scaling", None)
+        if svc is None:
+            raise ApiError(503, "no autoscaler on this agent", code="unavailable")
+        out = await svc.apply(c.body)
+        a.api.hub.publish("scale", {"applied": True, "result": out})
+        return out
+
+    async def submit_h(c: Call) -> Any:
+        return await submit(a, c.body)
+
+    async def create_token(c: Call) -> Any:
+        b = c.body
+        try:
+            expires = parse_duration(b["expires"]) if b.get("expires") else None
+            rec, token = a.book.create(b["name"], b["scope"], b.get("repos", "*"), expires)
+        except TokenError as e:
+            raise ApiError(409, str(e), "body.name", code="refused") from e
+        a.token_sync.publish_all()
+        public = {k: v for k, v in rec.to_dict().items() if k != "digest"}
+        return {"token": token, "record": {**public, "state": "active"}}
+
+    async def revoke_token(c: Call) -> Any:
+        try:
+            rec = a.book.revoke(c.params["name"])
+        except TokenError as e:
+            raise ApiError(404, str(e), "path.name") from e
+        a.token_sync.publish_all()
+        return {**{k: v for k, v in rec.to_dict().items() if k != "digest"}, "state": "revoked"}
+
+    async def provision(c: Call) -> Any:
+        try:
+            made = await asyncio.to_thread(unitsmod.node_units, a.ctx.cfg, create=True)
+        except unitsmod.UnitError as e:
+            raise ApiError(409, str(e), code="refused") from e
+        busy = a.runs.busy_units()
+        rows = [{"index": u.index, "user": u.user, "uid": u.uid, "path": str(u.path),
+                 "task": busy.get(u.index, "-")} for u in made]  # fmt: skip
+        return {"units": rows}
+
+    async def deprovision(c: Call) -> Any:
+        if a.runs.busy_units():
+            raise ApiError(409, "units are running steps; drain them first", code="busy")
+        units = list(a.runs.units)
+        await asyncio.to_thread(
+            unitsmod.remove, units, delete_users=bool(c.body.get("delete_users"))
+        )
+        return {"removed": len(units)}
+
+    async def drain_unit(c: Call) -> Any:
+        u = reads.unit(a, c.params["index"])
+        stood = None
+        for run in list(a.runs.runs.values()):
+            if run.unit is not None and run.unit.index == u.index:
+                stood = f"{run.lease.repo}/{run.lease.task_id}"
+                run.stand_down("its compute unit is being drained")
+        killed = await asyncio.to_thread(unitsmod.reset, u)
+        return {"index": u.index, "stood_down": stood, "killed": killed}
+
+    return {
+        "JoinCluster": join,
+        "LeaveCluster": leave,
+        "RemoveNode": remove,
+        "DrainNode": drain,
+        "CordonNode": cordon_h,
+        "ReportHealth": report_health,
+        "Gossip": gossip,
+        "ScheduleTask": schedule,
+        "RescheduleTask": task_op(
+            lambda c: lambda v: taskcore.requeue(v, c.body.get("reason") or "rescheduled via API")
+        ),
+        "SetReplicationLevel": replication,
+        "ApplyScaleAction": scale_apply,
+        "SubmitTask": submit_h,
+        "CancelTask": task_op(
+            lambda c: lambda v: taskcore.cancel(v, c.body.get("reason") or "cancelled via API")
+        ),
+        "RetryTask": task_op(lambda c: taskcore.retry),
+        "CreateToken": create_token,
+        "RevokeToken": revoke_token,
+        "ProvisionUnits": provision,
+        "DeprovisionUnits": deprovision,
+        "DrainUnit": drain_unit,
+    }
