@@ -63,6 +63,7 @@ NUM = {"type": "number"}
 B = {"type": "boolean"}
 ANY_OBJ = {"type": "object"}
 NULLABLE_S = {"type": ["string", "null"]}
+ADDR = {"type": "string", "pattern": r"^[A-Za-z0-9._:\[\]-]{1,253}:[0-9]{1,5}$"}
 
 SCHEMAS: dict[str, Any] = {
     "Error": obj(
@@ -112,8 +113,8 @@ TASK = "/v1/tasks/{repo}/{task}"
 OPS: tuple[Op, ...] = (
     # -- membership ----------------------------------------------------------------------
     Op("JoinCluster", "POST", "/v1/cluster/join", "admin", "Join this node to peers by address",
-       "membership", body=obj({"addrs": {**arr(S), "minItems": 1, "maxItems": 16},
-                               "timeout": {"type": "number", "minimum": 0.1, "maximum": 30}},
+       "membership", body=obj({"addrs": {**arr(ADDR), "minItems": 1, "maxItems": 16},
+                               "timeout": {"type": "number", "minimum": 0.1, "maximum": 10}},
                               ("addrs",), extra=False),
        response=obj({"joined": I0}, ("joined",))),
     Op("LeaveCluster", "POST", "/v1/cluster/leave", "admin",

@@ -134,8 +134,20 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         return run
 
     async def join(c: Call) -> Any:
-        return await reads.control(a, "join", addrs=c.body["addrs"],
-                                   timeout=c.body.get("timeout", 5.0))  # fmt: skip
+        from kovanex import config as cfgmod
+
+        for i, addr in enumerate(c.body["addrs"]):
+            try:
+                host, port = cfgmod.parse_addr(addr)
+                if not host or not 0 < port < 65536:
+                    raise ValueError("a host and a port from 1 to 65535")
+            except ValueError as e:
+                raise ApiError(400, f"{addr!r} is not host:port ({e})", f"body.addrs.{i}") from e
+        try:
+            return await reads.control(a, "join", addrs=c.body["addrs"],
+                                       timeout=c.body.get("timeout", 5.0))  # fmt: skip
+        except (OverflowError, OSError, ValueError) as e:  # an address gossip cannot use
+            raise ApiError(400, f"cannot join {c.body['addrs']}: {e}", "body.addrs") from e
 
     async def leave(c: Call) -> Any:
         return await reads.control(a, "leave")
