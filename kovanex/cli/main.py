@@ -12,6 +12,7 @@ from kovanex.cli import (
     clustercmd,
     nodecmd,
     repocmd,
+    scalecmd,
     schedcmd,
     schemacmd,
     taskcmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         schedcmd,
         unitcmd,
         tokencmd,
+        scalecmd,
     ):
         mod.register(sub)
     return p

@@ -213,7 +213,7 @@ class Decision:
         }
 
 
-def _direction(current: int, desired: int) -> str:
+def direction(current: int, desired: int) -> str:
     return UP if desired > current else DOWN if desired < current else NONE
 
 
@@ -264,7 +264,7 @@ def hpa_check(last: Sample, p: Policy) -> Rule:
     base = cur if cur > 0 or last.pressure == 0 else 1
     desired = math.ceil(base * ratio - 1e-9)
     why = f"ceil({base} × {last.pressure:.2f} / {p.target}) = {desired}"
-    return Rule("hpa", desired != cur, _direction(cur, desired), desired, why)
+    return Rule("hpa", desired != cur, direction(cur, desired), desired, why)
 
 
 def checks(samples: tuple[Sample, ...], p: Policy, now: float) -> list[Rule]:
@@ -312,7 +312,7 @@ def decide(state: State, p: Policy, now: float) -> Decision:
         high = min(cur, max([desired, *window]))
         if high > desired:
             why = f"highest suggestion in the last {p.stabilization_s:.0f}s was {high}"
-            rules.append(Rule("stabilization", True, _direction(cur, high), high, why))
+            rules.append(Rule("stabilization", True, direction(cur, high), high, why))
             desired = high
     if desired != cur and state.last_up is not None:
         since = now - state.last_up
@@ -327,9 +327,9 @@ def decide(state: State, p: Policy, now: float) -> Decision:
     bounded = min(max(desired, p.min_runners), p.max_runners)
     if bounded != desired:
         why = f"{desired} is outside [{p.min_runners}, {p.max_runners}] runners"
-        rules.append(Rule("bounds", True, _direction(cur, bounded), bounded, why))
+        rules.append(Rule("bounds", True, direction(cur, bounded), bounded, why))
         desired = bounded
-    rec = Scale(_direction(cur, desired), cur, desired)
+    rec = Scale(direction(cur, desired), cur, desired)
     effects = (rec,) if rec.action != NONE else ()
     return Decision(now, last.pressure, cur, rec, tuple(rules), effects)
 

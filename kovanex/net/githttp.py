@@ -35,6 +35,7 @@ MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 MAX_API_BODY = 16 * 1024 * 1024
 HEAD_TIMEOUT_S = 30.0
+PUBLIC_PATHS = frozenset({"/metrics", "/healthz"})  # GETs that need no token (issue 14)
 IO_CHUNK = 64 * 1024
 REASONS = {
     200: "OK",
@@ -217,7 +218,8 @@ class GitHttpServer:
     ) -> None:
         if self.api is None:
             raise HttpError(404)
-        if not self.api_public:
+        public = req.method in ("GET", "HEAD") and req.path in PUBLIC_PATHS
+        if not (self.api_public or public):
             who = self._auth(req)
             if not isinstance(who, Principal):
                 await (_unauthorized(writer) if who is None else _simple(writer, 401, str(who)))
