@@ -142,7 +142,9 @@ class Agent:
         self.scheduler.kick = self.dispatcher.changed
         self.scheduler.can_place_remotely = lambda: bool(self.cluster.node_infos())
         self.scheduler.on_placed = self.metrics.placed
-        self.scaling.on_decision = lambda d: self.cluster.record("scale", d["recommendation"])
+        self.scaling.on_decision = lambda d: self.cluster.record(
+            "scale", {**d["recommendation"], "applied": bool(d.get("applied"))}
+        )
         self.deadline.requeued = self._requeued
         self.deadline.record = self.cluster.record
         self.failover.requeued = self._requeued
