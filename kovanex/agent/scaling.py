@@ -196,7 +196,7 @@ class ScalingService:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
-                cwd=str(self.ctx.layout.root),
+                cwd=str(self.ctx.layout.root) if self.ctx.layout.root.is_dir() else None,
                 start_new_session=True,
             )
         except OSError as e:
