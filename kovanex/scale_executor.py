@@ -89,7 +89,7 @@ def stop_one(data: Path) -> str:
 
 
 def execute(decision: dict[str, Any]) -> dict[str, Any]:
-    node = decision["node"]
+    node = decision["local"]
     rec = decision["recommendation"]
     delta = int(rec["desired"]) - int(rec["current"])
     started: list[str] = []

@@ -67,22 +67,22 @@ def stop_scaled(node: Node) -> None:
 
 
 def test_metrics_healthz_and_scale_routes_over_http(tmp_path: Path) -> None:
-    n1 = Node(tmp_path, "n1", "--profile", "local", "--runners", "3").start()
+    sc1 = Node(tmp_path, "sc1", "--profile", "local", "--runners", "3").start()
     try:
-        url, token = http_url(n1), admin_token(n1)
-        m = scrape(n1)
+        url, token = http_url(sc1), admin_token(sc1)
+        m = scrape(sc1)
         assert m[("kovanex_members", (("state", "alive"),))] == 1
         assert m[("kovanex_runner_slots", (("kind", "total"),))] == 3
         assert m[("kovanex_scale_free_runners", ())] == 3
-        assert m[("kovanex_node_info", (("node", "n1"), ("role", "full"), ("version", "0.1.0")))]
+        assert m[("kovanex_node_info", (("node", "sc1"), ("role", "full"), ("version", "0.1.0")))]
         assert ("kovanex_gossip_packets_total", (("direction", "in"),)) in m
         assert m[("kovanex_placements_total", ())] == 0
 
-        clone = clone_with_task(n1, "demo", tmp_path / "c", "m-1", SPEC)
+        clone = clone_with_task(sc1, "demo", tmp_path / "c", "m-1", SPEC)
         git("push", "-q", "origin", "task/m-1", cwd=clone)
-        wait_for(lambda: n1.show("m-1")["state"] == "succeeded", 30, "task m-1 succeeded")
+        wait_for(lambda: sc1.show("m-1")["state"] == "succeeded", 30, "task m-1 succeeded")
         m = wait_for(
-            lambda: (s := scrape(n1)).get(("kovanex_tasks", (("state", "succeeded"),))) and s,
+            lambda: (s := scrape(sc1)).get(("kovanex_tasks", (("state", "succeeded"),))) and s,
             10,
             "the task state in /metrics",
         )
@@ -90,7 +90,7 @@ def test_metrics_healthz_and_scale_routes_over_http(tmp_path: Path) -> None:
         assert m[("kovanex_placement_latency_seconds_count", ())] >= 1
 
         status, body = get(url + "/healthz")
-        assert status == 200 and json.loads(body)["node"] == "n1"
+        assert status == 200 and json.loads(body)["node"] == "sc1"
         assert get(url + "/v1/scale/decision")[0] == 401  # anything else under /v1 needs one
         status, body = get(url + "/v1/scale/decision", token)
         d = json.loads(body)
@@ -104,60 +104,62 @@ def test_metrics_healthz_and_scale_routes_over_http(tmp_path: Path) -> None:
         status, body = get(url + "/v1/scale/decision", token, b"{}")
         assert status == 405 and json.loads(body)["code"] == "method_not_allowed"
     finally:
-        n1.stop()
+        sc1.stop()
 
 
 @pytest.mark.slow
 def test_scale_apply_starts_a_runner_that_joins_and_runs_the_waiting_task(
     tmp_path: Path,
 ) -> None:
-    # n1 owns the repo but has no runner slot: its task waits, so pressure is 1/1 = 1.0
-    n1 = Node(tmp_path, "n1", "--profile", "local", "--runners", "0")
-    with open(n1.data / "kovanex.toml", "a") as f:
+    # sc1 owns the repo but has no runner slot: its task waits, so pressure is 1/1 = 1.0
+    sc1 = Node(tmp_path, "sc1", "--profile", "local", "--runners", "0")
+    with open(sc1.data / "kovanex.toml", "a") as f:
         f.write('\n[scaling]\nup_for_s = 0\nsample_s = 0.2\n\n[log]\nformat = "json"\n')
-    n1.start()
+    sc1.start()
     try:
-        clone = clone_with_task(n1, "demo", tmp_path / "c", "s-1", SPEC)
+        clone = clone_with_task(sc1, "demo", tmp_path / "c", "s-1", SPEC)
         git("push", "-q", "origin", "task/s-1", cwd=clone)
 
         def wants_up() -> dict[str, Any] | None:
-            d = json.loads(n1.kx("scale", "decision", "--format", "json").stdout)
+            d = json.loads(sc1.kx("scale", "decision", "--format", "json").stdout)
             return d if d["recommendation"]["action"] == "up" else None
 
         d = wait_for(wants_up, 20, "a scale-up recommendation")
         assert d["pressure"] >= 1.0 and d["fired"] == ["seed"]
         assert d["recommendation"] == {"action": "up", "current": 0, "desired": 1, "delta": 1}
-        out = n1.kx("scale", "apply").stdout
-        assert "executor exit 0" in out and '"started": ["n1-r1"]' in out
+        out = sc1.kx("scale", "apply").stdout
+        assert "executor exit 0" in out and '"started": ["sc1-r1"]' in out
 
-        wait_for(lambda: members(n1).get("n1-r1", {}).get("status") == "alive", 30, "n1-r1 joined")
-        assert members(n1)["n1-r1"]["role"] == "runner"
-        wait_for(lambda: n1.show("s-1")["state"] == "succeeded", 60, "s-1 ran on the runner")
-        assert n1.show("s-1")["node"] == "n1-r1"
+        wait_for(
+            lambda: members(sc1).get("sc1-r1", {}).get("status") == "alive", 30, "sc1-r1 joined"
+        )
+        assert members(sc1)["sc1-r1"]["role"] == "runner"
+        wait_for(lambda: sc1.show("s-1")["state"] == "succeeded", 60, "s-1 ran on the runner")
+        assert sc1.show("s-1")["node"] == "sc1-r1"
         # the pool now counts the new runner; nothing asks for a scale-down yet (10 min
         # below 0.2, and the cooldown), but an operator may ask for a count: it stops
-        d = json.loads(n1.kx("scale", "decision", "--format", "json").stdout)
+        d = json.loads(sc1.kx("scale", "decision", "--format", "json").stdout)
         assert d["recommendation"]["current"] == 1 and d["recommendation"]["action"] == "none"
-        out = n1.kx("scale", "apply", "--desired", "0").stdout
-        assert '"stopped": ["n1-r1"]' in out
-        wait_for(lambda: members(n1).get("n1-r1", {}).get("status") in ("left", None), 30, "left")
+        out = sc1.kx("scale", "apply", "--desired", "0").stdout
+        assert '"stopped": ["sc1-r1"]' in out
+        wait_for(lambda: members(sc1).get("sc1-r1", {}).get("status") in ("left", None), 30, "left")
         # [log] format = "json": every line of the agent's log is one JSON object
-        lines = [json.loads(x) for x in n1.log().splitlines() if x.strip()]
-        assert any(x["msg"].startswith("agent n1 ready") for x in lines)
+        lines = [json.loads(x) for x in sc1.log().splitlines() if x.strip()]
+        assert any(x["msg"].startswith("agent sc1 ready") for x in lines)
         assert {"time", "level", "logger", "node", "msg"} <= set(lines[0])
         assert any(x["logger"] == "kovanex.scaling" for x in lines)
     finally:
-        stop_scaled(n1)
-        n1.stop()
+        stop_scaled(sc1)
+        sc1.stop()
 
 
 def test_agent_log_format_flag_writes_json_lines(tmp_path: Path) -> None:
-    n1 = Node(tmp_path, "n1", "--profile", "local").start("--log-format", "json")
+    sc1 = Node(tmp_path, "sc1", "--profile", "local").start("--log-format", "json")
     try:
-        wait_for(lambda: "ready" in n1.log(), 10, "the ready line")
+        wait_for(lambda: "ready" in sc1.log(), 10, "the ready line")
     finally:
-        n1.stop()
-    recs = [json.loads(x) for x in n1.log().splitlines() if x.strip()]
-    ready = [r for r in recs if r["msg"].startswith("agent n1 ready")]
-    assert ready and ready[0]["level"] == "info" and ready[0]["node"] == "n1"
+        sc1.stop()
+    recs = [json.loads(x) for x in sc1.log().splitlines() if x.strip()]
+    ready = [r for r in recs if r["msg"].startswith("agent sc1 ready")]
+    assert ready and ready[0]["level"] == "info" and ready[0]["node"] == "sc1"
     assert ready[0]["logger"] == "kovanex.agent" and ready[0]["time"].endswith("+00:00")

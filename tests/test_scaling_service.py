@@ -31,11 +31,19 @@ def member(name: str, role: str = "full", used: int = 0, total: int = 2, status:
     }
 
 
-def service(tmp_path: Path, policy: Policy, members: list[dict[str, Any]], pending: int = 0):
+def service(
+    tmp_path: Path,
+    policy: Policy,
+    members: list[dict[str, Any]],
+    pending: int = 0,
+    health: dict[str, Any] | None = None,
+) -> ScalingService:
     layout = cfgmod.Layout(tmp_path / "n1")
     cfg = cfgmod.NodeConfig(name="n1", scaling=policy)
     ctx = NodeContext(layout, cfg, token=SECRET, clock=FakeClock())
-    return ScalingService(ctx, lambda: pending, lambda: members, local_free=lambda: 1)
+    return ScalingService(
+        ctx, lambda: pending, lambda: members, local_free=lambda: 1, health=lambda: health or {}
+    )
 
 
 def recorder(tmp_path: Path, sleep: float = 0.0) -> str:
@@ -63,8 +71,14 @@ def test_pool_counts_alive_runner_capable_members_and_reads_our_slots_live(
         member("n4", role="storage", total=2),
         member("n5", status="dead"),
     ]
-    svc = service(tmp_path, Policy(), ms, pending=8)
-    assert svc.pool() == (1 + 3, 2)
+    # other members' queues come from their gossiped health vectors; a dead one's is stale
+    health = {
+        "n1": {"vector": {"queue_depth": 50.0}},  # ours is read live, not from gossip
+        "n3": {"vector": {"queue_depth": 3.0}},
+        "n5": {"vector": {"queue_depth": 7.0}},
+    }
+    svc = service(tmp_path, Policy(), ms, pending=5, health=health)
+    assert svc.pool() == (5 + 3, 1 + 3, 2)
     svc.sample()
     d = svc.decision()
     assert d["pressure"] == 2.0 and d["runners"] == 2 and d["node"] == "n1"
@@ -87,7 +101,7 @@ def test_apply_feeds_the_decision_on_stdin_with_no_secret_in_env(
         "desired": 2,
         "delta": 1,
     }
-    assert got["stdin"]["node"]["token_file"].endswith("secrets/cluster.token")
+    assert got["stdin"]["local"]["token_file"].endswith("secrets/cluster.token")
     assert SECRET not in json.dumps(got)  # not in env, argv or the input
     assert svc.state.last_up is not None  # the cooldown starts on success only
     # within up_cooldown_s the same pressure is held back, and apply says so

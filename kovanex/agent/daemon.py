@@ -119,6 +119,7 @@ class Agent:
             pending=lambda: len(self.scheduler.pending),
             members=self.cluster.members,
             local_free=lambda: self.runs.slots.free,
+            health=lambda: self.cluster.node.items("health"),
         )
         self.metrics = Metrics(
             ctx,

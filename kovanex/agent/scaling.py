@@ -1,7 +1,9 @@
 """The autoscaler's shell: samples queue pressure, asks the pure decider, runs the executor.
 
-Pressure is this node's pending queue over the free runner slots of every alive member
-(gossip meta, the local node's own slots read live). The decision is
+Pressure is the cluster's pending tasks (our queue read live, every other alive member's
+queue depth from its gossiped health vector) over the free runner slots of every alive
+member (gossip meta; ours read live), so any node gives the same answer within a gossip
+round. The decision is
 `kovanex/core/autoscale.py`'s; this service only keeps its state, serves it
 (GetScaleDecision) and, when asked (ApplyScaleAction), hands the decision as JSON on stdin
 to the configured executor command: no shell, a bounded time, and an environment with no
@@ -46,11 +48,13 @@ class ScalingService:
         pending: Callable[[], int],
         members: Callable[[], list[dict[str, Any]]],
         local_free: Callable[[], int],
+        health: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.ctx = ctx
         self.pending = pending
         self.members = members
         self.local_free = local_free
+        self.health = health  # gossip topic "health": name -> {score, vector}
         self.state = autoscale.State()
         self._applying = False
         self.on_decision: Callable[[dict[str, Any]], None] = lambda d: None  # events stream
@@ -60,11 +64,19 @@ class ScalingService:
         return self.ctx.cfg.scaling  # read each time: `kovanex reload` applies at once
 
     # -- sampling ----------------------------------------------------------------------
-    def pool(self) -> tuple[int, int]:
-        """(free runner slots, runner nodes) across alive members; ours read live."""
+    def pool(self) -> tuple[int, int, int]:
+        """(pending tasks, free runner slots, runner nodes) across alive members; ours
+        read live, the others' from gossip."""
         free = nodes = 0
+        pending = self.pending()
+        health = self.health()
         for m in self.members():
-            if m["status"] != "alive" or m["role"] not in POOL_ROLES:
+            if m["status"] != "alive":
+                continue
+            if m["name"] != self.ctx.name:
+                vec = (health.get(m["name"]) or {}).get("vector") or {}
+                pending += int(round(float(vec.get("queue_depth", 0) or 0)))
+            if m["role"] not in POOL_ROLES:
                 continue
             total = int(m["runners_total"])
             if total <= 0:
@@ -74,12 +86,12 @@ class ScalingService:
                 free += self.local_free()
             else:
                 free += max(0, total - int(m["runners_used"]))
-        return free, nodes
+        return pending, free, nodes
 
     def sample(self) -> None:
-        free, nodes = self.pool()
+        pending, free, nodes = self.pool()
         now = self.ctx.clock.time()
-        self.state = autoscale.observe(self.state, self.policy, now, self.pending(), free, nodes)
+        self.state = autoscale.observe(self.state, self.policy, now, pending, free, nodes)
 
     async def run(self, stop: asyncio.Event) -> None:
         last = ""
@@ -147,7 +159,7 @@ class ScalingService:
             "desired": rec.desired,
             "delta": rec.delta,
         }
-        payload["node"] = self.node_context()
+        payload["local"] = self.local_context()
         if rec.action == autoscale.NONE or body.get("dry_run"):
             return {"applied": False, "input": payload, "reason": _why_not(rec, body)}
         if self._applying:
@@ -165,7 +177,7 @@ class ScalingService:
         )
         return {"applied": result["exit"] == 0, "input": payload, "executor": result}
 
-    def node_context(self) -> dict[str, Any]:
+    def local_context(self) -> dict[str, Any]:
         """What an executor needs to add a runner here. Paths only: never a secret."""
         cfg, layout = self.ctx.cfg, self.ctx.layout
         return {
