@@ -153,12 +153,7 @@ class ScalingService:
                 )
             rec = autoscale.Scale(autoscale.direction(rec.current, want), rec.current, want)
         payload = d.as_dict(self.state.samples)
-        payload["recommendation"] = {
-            "action": rec.action,
-            "current": rec.current,
-            "desired": rec.desired,
-            "delta": rec.delta,
-        }
+        payload["recommendation"] = rec.as_dict()
         payload["local"] = self.local_context()
         if rec.action == autoscale.NONE or body.get("dry_run"):
             return {"applied": False, "input": payload, "reason": _why_not(rec, body)}

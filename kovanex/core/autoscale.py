@@ -185,6 +185,14 @@ class Scale:
     def delta(self) -> int:
         return self.desired - self.current
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "current": self.current,
+            "desired": self.desired,
+            "delta": self.delta,
+        }
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -196,17 +204,11 @@ class Decision:
     effects: tuple[Scale, ...] = field(default=())
 
     def as_dict(self, history: tuple[Sample, ...] = ()) -> dict[str, Any]:
-        r = self.recommendation
         return {
             "time": self.now,
             "pressure": round(self.pressure, 4),
             "runners": self.current,
-            "recommendation": {
-                "action": r.action,
-                "current": r.current,
-                "desired": r.desired,
-                "delta": r.delta,
-            },
+            "recommendation": self.recommendation.as_dict(),
             "fired": [x.name for x in self.rules if x.fired],
             "rules": [x.as_dict() for x in self.rules],
             "history": [s.as_dict() for s in history],
