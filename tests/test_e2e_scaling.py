@@ -153,6 +153,30 @@ def test_scale_apply_starts_a_runner_that_joins_and_runs_the_waiting_task(
         sc1.stop()
 
 
+@pytest.mark.slow
+def test_metrics_of_a_two_node_cluster_show_gossip_and_replication_lag(tmp_path: Path) -> None:
+    a = Node(tmp_path, "sc2a", "--profile", "local", "--token", "t0ken-for-scaling-tests")
+    b = Node(tmp_path, "sc2b", "--profile", "local", "--token", "t0ken-for-scaling-tests")
+    toml = (a.data / "kovanex.toml").read_text()
+    try:
+        a.start()
+        b.start("--join", toml.split('bind = "')[1].split('"')[0])
+        clone = clone_with_task(a, "demo", tmp_path / "c", "r-1", SPEC)
+        git("push", "-q", "origin", "task/r-1", cwd=clone)
+        lag = ("kovanex_replication_lag_refs", (("replica", "sc2b"), ("repo", "demo")))
+        m = wait_for(
+            lambda: (s := scrape(a)).get(lag) == 0 and s, 60, "the replica caught up, in /metrics"
+        )
+        assert m[("kovanex_members", (("state", "alive"),))] == 2
+        assert m[("kovanex_gossip_packets_total", (("direction", "in"),))] > 0
+        assert m[("kovanex_gossip_bytes_total", (("direction", "out"),))] > 0
+        secs = ("kovanex_replication_lag_seconds", (("replica", "sc2b"), ("repo", "demo")))
+        assert m[secs] >= 0
+    finally:
+        b.stop()
+        a.stop()
+
+
 def test_agent_log_format_flag_writes_json_lines(tmp_path: Path) -> None:
     sc1 = Node(tmp_path, "sc1", "--profile", "local").start("--log-format", "json")
     try:
