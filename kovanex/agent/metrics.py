@@ -83,7 +83,8 @@ class Metrics:
     def task_states(self) -> Counter[str]:
         """Task states across the repos this node owns; a branch is re-read only when its
         tip moved since the last scrape."""
-        tips = dict(self.scheduler.tips)
+        owned = set(self.repos.owned())
+        tips = {k: t for k, t in self.scheduler.tips.items() if k[0] in owned}
         for key in [k for k in self._states if k not in tips]:
             del self._states[key]
         out: Counter[str] = Counter()
