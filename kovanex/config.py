@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.core.autoscale import Policy as ScalingPolicy
+from kovanex.core.autoscale import PolicyError
 from kovanex.inputlimits import InputLimits
 
 ROLES = ("full", "server", "runner", "storage")
+LOG_FORMATS = ("text", "json")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -122,6 +125,8 @@ class NodeConfig:
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
+    scaling: ScalingPolicy = field(default_factory=ScalingPolicy)  # `[scaling]`: ADR 0025
+    log_format: str = "text"  # `[log] format`: text | json (JSON lines)
 
     def to_toml(self) -> str:
         lines = [
@@ -154,6 +159,11 @@ class NodeConfig:
         if self.limits.changed():
             lines += ["", "[limits]"]
             lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
+        if self.scaling.changed():
+            lines += ["", "[scaling]"]
+            lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.scaling.changed().items())]
+        if self.log_format != "text":
+            lines += ["", "[log]", f"format = {_q(self.log_format)}"]
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -189,6 +199,8 @@ class NodeConfig:
             units_root=str(doc.get("units", {}).get("root", "")),
             units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
             limits=_limits(doc.get("limits", {}), path),
+            scaling=_scaling(doc.get("scaling", {}), path),
+            log_format=str(doc.get("log", {}).get("format", "text")),
         )
         cfg.check(path)
         return cfg
@@ -204,6 +216,8 @@ class NodeConfig:
             raise ConfigError(
                 f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"{path}: [log] format {self.log_format!r} must be text|json")
 
 
 def _limits(table: Any, path: str) -> InputLimits:
@@ -213,6 +227,15 @@ def _limits(table: Any, path: str) -> InputLimits:
         return InputLimits.from_table(table, path)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def _scaling(table: Any, path: str) -> ScalingPolicy:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [scaling] must be a table")
+    try:
+        return ScalingPolicy.from_table(table)
+    except PolicyError as e:
+        raise ConfigError(f"{path}: {e}") from e
 
 
 def load(layout: Layout) -> NodeConfig:

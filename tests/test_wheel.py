@@ -101,7 +101,12 @@ def running_agent(kovanex: Path, data: Path, cwd: Path, env: dict[str, str]) -> 
 def test_wheel_installed_outside_the_checkout_runs_a_task(tmp_path: Path) -> None:
     whl = build_wheel(tmp_path / "build")
     names = zipfile.ZipFile(whl).namelist()
-    for shipped in ("hooks/pre-receive", "hooks/kovanex_slowpath.py", "templates/shell.toml"):
+    for shipped in (
+        "hooks/pre-receive",
+        "hooks/kovanex_slowpath.py",
+        "templates/shell.toml",
+        "templates/deploy/kovanex-agent.service",
+    ):
         assert f"kovanex/_data/{shipped}" in names, names
 
     venv = tmp_path / "venv"

@@ -27,6 +27,7 @@ from kovanex.agent.executor import kill_orphan
 from kovanex.agent.failover import Failover
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
+from kovanex.agent.metrics import Metrics
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import LocalNode, Placer
 from kovanex.agent.pushes import PushHandler
@@ -34,6 +35,7 @@ from kovanex.agent.remoterun import RemoteRuns
 from kovanex.agent.replica import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
+from kovanex.agent.scaling import ScalingService
 from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
@@ -118,6 +120,23 @@ class Agent:
         self.token_sync = TokenSync(self.book, gossip)
         self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
         self.http.router = self.api.router
+        self.scaling = ScalingService(
+            ctx,
+            pending=lambda: len(self.scheduler.pending),
+            members=self.cluster.members,
+            local_free=lambda: self.runs.slots.free,
+            health=lambda: self.cluster.node.items("health"),
+        )
+        self.metrics = Metrics(
+            ctx,
+            self.cluster,
+            self.runs,
+            self.scheduler,
+            self.repos,
+            self.replicas,
+            self.health,
+            self.scaling,
+        )
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.watcher: RefWatcher | None = None
@@ -129,6 +148,10 @@ class Agent:
         self.scheduler.announce = self._announce
         self.scheduler.kick = self.dispatcher.changed
         self.scheduler.can_place_remotely = lambda: bool(self.cluster.node_infos())
+        self.scheduler.on_placed = self.metrics.placed
+        self.scaling.on_decision = lambda d: self.cluster.record(
+            "scale", {**d["recommendation"], "applied": bool(d.get("applied"))}
+        )
         self.deadline.requeued = self._requeued
         self.deadline.record = self.cluster.record
         self.failover.requeued = self._requeued
@@ -228,6 +251,7 @@ class Agent:
             asyncio.create_task(self.health.run(ctx.stop_event)),
             asyncio.create_task(self.failover.probe_suspects()),
             asyncio.create_task(self.deadline.guard()),
+            asyncio.create_task(self.scaling.run(ctx.stop_event)),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:

@@ -13,6 +13,7 @@ from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
 from kovanex.agent import serverplace
 from kovanex.agent.control import ControlError
+from kovanex.agent.scaling import ApplyError
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -129,12 +130,19 @@ class ControlOps:
             return {"reloaded": True}
         if op == "stats":
             return c.node.stats()
+        if op == "scale.decision":
+            return a.scaling.decision()
+        if op == "scale.apply":
+            try:
+                return await a.scaling.apply(args)
+            except ApplyError as e:
+                raise ControlError(str(e)) from e
         return NotImplemented
 
     def http_api(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes] | None:
-        """The token-guarded API on the HTTP listener (more verbs come with ClusterService)."""
+        """Node-internal paths on the HTTP listener; /v1, /healthz and /metrics are kovanex/api's."""
         if method == "POST" and path.startswith("/v1/nudge/"):
             repo = path[len("/v1/nudge/") :]
             hit = self.a.replicas.nudged(repo)

@@ -76,6 +76,7 @@ class TaskScheduler:
         self.announce: Callable[[Assign], None] = lambda a: None
         self.kick: Callable[[str], None] = lambda repo: None
         self.can_place_remotely: Callable[[], bool] = lambda: False
+        self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -158,6 +159,7 @@ class TaskScheduler:
 
     async def schedule(self, key: Key) -> None:
         repo, task_id = key
+        t0 = self.ctx.clock.monotonic()
         asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
         async with self.locks.of(key):
             ledger = self.repos.ledger(repo)
@@ -188,6 +190,10 @@ class TaskScheduler:
                 if starts:
                     self.runs.slots.release()
                 return
+            if any(
+                isinstance(e, WriteRef) and e.transition.state == taskcore.PLACED for e in effects
+            ):
+                self.on_placed(self.ctx.clock.monotonic() - t0)
             self._observe(repo, ledger.read(task_id))
 
     # -- effects -----------------------------------------------------------------------

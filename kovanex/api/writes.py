@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kovanex.agent.scaling import ApplyError
 from kovanex.api import reads
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core import task as taskcore
@@ -204,7 +205,10 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         svc = getattr(a, "scaling", None)
         if svc is None:
             raise ApiError(503, "no autoscaler on this agent", code="unavailable")
-        out = await svc.apply(c.body)
+        try:
+            out = await svc.apply(c.body)
+        except ApplyError as e:  # the executor's refusal names its field and status
+            raise ApiError(e.status, str(e), f"body.{e.field}" if e.field else None) from e
         a.api.hub.publish("scale", {"applied": True, "result": out})
         return out
 

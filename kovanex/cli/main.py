@@ -13,6 +13,7 @@ from kovanex.cli import (
     clustercmd,
     nodecmd,
     repocmd,
+    scalecmd,
     schedcmd,
     schemacmd,
     taskcmd,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         unitcmd,
         tokencmd,
         apicmd,
+        scalecmd,
     ):
         mod.register(sub)
     return p

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import random
 import socket
@@ -71,6 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detach", action="store_true", help="run in the background")
     p.add_argument("--join", action="append", default=[], help="peer HOST:PORT (repeatable)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-format",
+        choices=cfgmod.LOG_FORMATS,
+        help="text, or json (JSON lines); default: [log] format in kovanex.toml, else text",
+    )
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("status", help="is the agent up, and what is it doing")
@@ -240,10 +244,9 @@ def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         cfgmod.save(layout, cfg)
     if args.detach:
         return _detach(layout, args)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s {cfg.name} %(name)s %(levelname)s %(message)s",
-    )
+    from kovanex import logjson
+
+    logjson.setup(cfg.name, args.log_level, args.log_format or cfg.log_format)
     from kovanex.agent.daemon import run_agent
 
     try:
@@ -260,6 +263,8 @@ def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def _detach(layout: cfgmod.Layout, args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "kovanex", "--data", str(layout.root), "agent"]
     cmd += ["--log-level", args.log_level]
+    if args.log_format:
+        cmd += ["--log-format", args.log_format]
     layout.root.mkdir(parents=True, exist_ok=True)
     with open(layout.agent_log, "ab") as out:
         proc = subprocess.Popen(

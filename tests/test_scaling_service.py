@@ -1,0 +1,134 @@
+"""ScalingService in-process with a real executor process: what it is given (the decision
+on stdin, no secret in env or argv), its time limit, and the pool it samples."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.scaling import ApplyError, ScalingService
+from kovanex.core.autoscale import Policy
+from kovanex.testing import FakeClock
+
+SECRET = "kx_super-secret-value"
+
+
+def member(name: str, role: str = "full", used: int = 0, total: int = 2, status: str = "alive"):
+    return {
+        "name": name,
+        "role": role,
+        "status": status,
+        "runners_used": used,
+        "runners_total": total,
+    }
+
+
+def service(
+    tmp_path: Path,
+    policy: Policy,
+    members: list[dict[str, Any]],
+    pending: int = 0,
+    health: dict[str, Any] | None = None,
+) -> ScalingService:
+    layout = cfgmod.Layout(tmp_path / "n1")
+    cfg = cfgmod.NodeConfig(name="n1", scaling=policy)
+    ctx = NodeContext(layout, cfg, token=SECRET, clock=FakeClock())
+    return ScalingService(
+        ctx, lambda: pending, lambda: members, local_free=lambda: 1, health=lambda: health or {}
+    )
+
+
+def recorder(tmp_path: Path, sleep: float = 0.0) -> str:
+    """An executor that writes what it got (stdin, env, argv) to a file."""
+    script = tmp_path / "exec.py"
+    out = tmp_path / "got.json"
+    script.write_text(
+        "import json, os, sys, time\n"
+        f"time.sleep({sleep})\n"
+        "data = json.load(sys.stdin)\n"
+        f"open({str(out)!r}, 'w').write(json.dumps("
+        "{'stdin': data, 'env': dict(os.environ), 'argv': sys.argv}))\n"
+        "print('done')\n"
+    )
+    return f"{sys.executable} {script}"
+
+
+def test_pool_counts_alive_runner_capable_members_and_reads_our_slots_live(
+    tmp_path: Path,
+) -> None:
+    ms = [
+        member("n1", used=2, total=2),  # gossip says full; local_free() says 1: live wins
+        member("n2", role="runner", used=1, total=4),
+        member("n3", role="server", total=0),
+        member("n4", role="storage", total=2),
+        member("n5", status="dead"),
+    ]
+    # other members' queues come from their gossiped health vectors; a dead one's is stale
+    health = {
+        "n1": {"vector": {"queue_depth": 50.0}},  # ours is read live, not from gossip
+        "n3": {"vector": {"queue_depth": 3.0}},
+        "n5": {"vector": {"queue_depth": 7.0}},
+    }
+    svc = service(tmp_path, Policy(), ms, pending=5, health=health)
+    assert svc.pool() == (5 + 3, 1 + 3, 2)
+    svc.sample()
+    d = svc.decision()
+    assert d["pressure"] == 2.0 and d["runners"] == 2 and d["node"] == "n1"
+
+
+def test_apply_feeds_the_decision_on_stdin_with_no_secret_in_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KOVANEX_SOME_TOKEN", SECRET)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    p = Policy(up_for_s=0, executor=recorder(tmp_path))
+    svc = service(tmp_path, p, [member("n1", used=2)], pending=3)
+    res = asyncio.run(svc.apply({}))
+    assert res["applied"] and res["executor"]["exit"] == 0
+    assert res["executor"]["stdout"].strip() == "done"
+    got = json.loads((tmp_path / "got.json").read_text())
+    assert got["stdin"]["recommendation"] == {
+        "action": "up",
+        "current": 1,
+        "desired": 2,
+        "delta": 1,
+    }
+    assert got["stdin"]["local"]["token_file"].endswith("secrets/cluster.token")
+    assert SECRET not in json.dumps(got)  # not in env, argv or the input
+    assert svc.state.last_up is not None  # the cooldown starts on success only
+    # within up_cooldown_s the same pressure is held back, and apply says so
+    res = asyncio.run(svc.apply({}))
+    assert not res["applied"] and "keep 1" in res["reason"]
+
+
+def test_apply_times_out_and_kills_the_executor(tmp_path: Path) -> None:
+    p = Policy(up_for_s=0, executor=recorder(tmp_path, sleep=30), executor_timeout_s=1.0)
+    svc = service(tmp_path, p, [member("n1", used=2)], pending=3)
+    res = asyncio.run(svc.apply({}))
+    assert not res["applied"] and "timed out after 1s" in res["executor"]["error"]
+    assert svc.state.last_up is None
+    assert not (tmp_path / "got.json").exists()
+
+
+def test_apply_refuses_bad_input_and_a_missing_executor(tmp_path: Path) -> None:
+    svc = service(tmp_path, Policy(max_runners=3), [member("n1")])
+    for body, field in (({"desired": 4}, "desired"), ({"desired": "2"}, "desired")):
+        with pytest.raises(ApplyError) as e:
+            asyncio.run(svc.apply(body))
+        assert e.value.status == 400 and e.value.field == field
+    with pytest.raises(ApplyError, match="unknown field 'force'"):
+        asyncio.run(svc.apply({"force": True}))
+    dry = asyncio.run(svc.apply({"desired": 2, "dry_run": True}))
+    assert not dry["applied"] and dry["input"]["recommendation"]["desired"] == 2
+    svc.ctx.cfg.scaling = replace(svc.policy, executor="/nonexistent/scaler")
+    with pytest.raises(ApplyError, match="cannot start the executor") as e:
+        asyncio.run(svc.apply({"desired": 2}))
+    assert e.value.field == "executor"
