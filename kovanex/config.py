@@ -122,6 +122,10 @@ class NodeConfig:
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
+    # [maintenance]: finished tasks move to refs/kovanex/archive/ after this age, and
+    # `git maintenance` (pack-refs, commit-graph, incremental repack) runs this often
+    archive_after: str = "7d"
+    maintenance_every: str = "1h"
 
     def to_toml(self) -> str:
         lines = [
@@ -151,6 +155,9 @@ class NodeConfig:
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
         lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+        if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
+            lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
+            lines += [f"every = {_q(self.maintenance_every)}"]
         if self.limits.changed():
             lines += ["", "[limits]"]
             lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
@@ -189,6 +196,8 @@ class NodeConfig:
             units_root=str(doc.get("units", {}).get("root", "")),
             units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
             limits=_limits(doc.get("limits", {}), path),
+            archive_after=str(doc.get("maintenance", {}).get("archive_after", "7d")),
+            maintenance_every=str(doc.get("maintenance", {}).get("every", "1h")),
         )
         cfg.check(path)
         return cfg
@@ -200,10 +209,27 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
+        for key, text in (("archive_after", self.archive_after), ("every", self.maintenance_every)):
+            try:
+                parse_duration(text)
+            except ValueError as e:
+                raise ConfigError(f"{path}: [maintenance] {key}: {e}") from None
         if self.units_mode not in ("users", "uids", "namespace", "none"):
             raise ConfigError(
                 f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """`0s`, `90s`, `30m`, `12h`, `7d`, `2w` into seconds; ValueError says what fits."""
+    m = _DURATION.fullmatch(str(text))
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration; use a number and a unit: 0s, 30m, 12h, 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def _limits(table: Any, path: str) -> InputLimits:

@@ -13,6 +13,8 @@ Layout:
 - `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
   the new owner lacks (forensics; never mirrored).
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
+- `refs/kovanex/archive/<id>`: a finished task's branch after archiving (`archive_ref`);
+  hidden from clients' ref advertisement (`HIDDEN`), replicated like task refs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
 LOST = "refs/kovanex/lost/"
 SKIP_PREFIX = "refs/kovanex/skip/"
+ARCHIVE = "refs/kovanex/archive/"
+# Namespaces a client's push or fetch never sees advertised (receive/uploadpack.hideRefs),
+# so their cost does not grow with history; cluster peers see them (githttp unhides).
+HIDDEN = (ARCHIVE,)
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -57,6 +63,20 @@ def task_id_of(ref: str) -> str | None:
     return tid if valid_task_id(tid) else None
 
 
+def archive_ref(task_id: str) -> str:
+    if not valid_task_id(task_id):
+        raise ValueError(f"invalid task id {task_id!r}")
+    return ARCHIVE + task_id
+
+
+def archived_id_of(ref: str) -> str | None:
+    """The task id of an archive ref, None for any other ref."""
+    if not ref.startswith(ARCHIVE):
+        return None
+    tid = ref[len(ARCHIVE) :]
+    return tid if valid_task_id(tid) else None
+
+
 def lost_ref(epoch: int, ref: str) -> str:
     """Where `ref`'s old value is kept when the owner of epoch `epoch` is superseded."""
     return f"{LOST}{epoch}/{ref}"
@@ -72,6 +92,8 @@ def mirrored(refs: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "ARCHIVE",
+    "HIDDEN",
     "HEADS",
     "KOVANEX",
     "LOST",
@@ -82,6 +104,8 @@ __all__ = [
     "STAGING_REFS",
     "SYNC_STAGING",
     "TASK_PREFIX",
+    "archive_ref",
+    "archived_id_of",
     "lost_ref",
     "mirrored",
     "sync_staging_ref",

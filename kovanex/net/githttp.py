@@ -21,7 +21,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
 
-from kovanex.net.httpauth import Principal, authenticate, git_scope, refusal_advertisement
+from kovanex.gitstate.refs import HIDDEN
+from kovanex.net.httpauth import (
+    NODE,
+    Principal,
+    authenticate,
+    git_scope,
+    refusal_advertisement,
+)
 from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.githttp")
@@ -184,7 +191,13 @@ class GitHttpServer:
         peer = writer.get_extra_info("peername")
         async with self._backends:
             await self._cgi(
-                req, f"/{name}.git{rest}", who.name, peer[0] if peer else "", reader, writer
+                req,
+                f"/{name}.git{rest}",
+                who.name,
+                peer[0] if peer else "",
+                reader,
+                writer,
+                unhide=who.scope == NODE,  # replicas and runners see archived refs too
             )
 
     def _auth(self, req: Request) -> Principal | Refused | None:
@@ -242,10 +255,15 @@ class GitHttpServer:
         await _respond(writer, status, hdrs, payload)
 
     # -- CGI -----------------------------------------------------------------------------
-    def _cgi_env(self, req: Request, path_info: str, user: str, addr: str) -> dict[str, str]:
+    def _cgi_env(
+        self, req: Request, path_info: str, user: str, addr: str, unhide: bool = False
+    ) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
         n = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
-        for key, val in (("http.receivepack", "true"), ("http.uploadpack", "true")):
+        config = [("http.receivepack", "true"), ("http.uploadpack", "true")]
+        if unhide:  # the last matching hideRefs line wins: "!" exposes what the repo hides
+            config += [("uploadpack.hideRefs", "!" + prefix) for prefix in HIDDEN]
+        for key, val in config:
             env[f"GIT_CONFIG_KEY_{n}"] = key
             env[f"GIT_CONFIG_VALUE_{n}"] = val
             n += 1
@@ -288,6 +306,7 @@ class GitHttpServer:
         addr: str,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        unhide: bool = False,
     ) -> None:
         proc = await asyncio.create_subprocess_exec(
             self.git,
@@ -295,7 +314,7 @@ class GitHttpServer:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._cgi_env(req, path_info, user, addr),
+            env=self._cgi_env(req, path_info, user, addr, unhide),
             cwd=str(self.repos_dir),
         )
         self._procs.add(proc)
