@@ -94,6 +94,11 @@ class Layout:
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 
+    @property
+    def upkeep_file(self) -> Path:
+        """When each repo was last archived and maintained (agent/upkeep.py)."""
+        return self.root / "upkeep.json"
+
     def step_log(self, repo: str, task: str, index: int, step: str) -> Path:
         return self.logs / repo / task / f"{index}-{step}.log"
 

@@ -37,8 +37,10 @@ from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
+from kovanex.agent.upkeep import UpkeepService
 from kovanex.agent.watcher import RefWatcher
 from kovanex.core.effects import Assign
+from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
 from kovanex.runner.limits import reap_stale
@@ -114,6 +116,7 @@ class Agent:
         self.token_sync = TokenSync(self.book, gossip)
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
+        self.upkeep = UpkeepService(ctx, self.repos, self.scheduler.forget, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
 
         # -- who tells whom -------------------------------------------------------------
@@ -121,6 +124,8 @@ class Agent:
         self.runs.on_finished = self.dispatcher.changed
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
+        self.scheduler.lease_over = self._retract
+        self.failover.tracked = lambda: list(self.scheduler.active)
         self.scheduler.kick = self.dispatcher.changed
         self.scheduler.can_place_remotely = lambda: bool(self.cluster.node_infos())
         self.deadline.requeued = self._requeued
@@ -158,6 +163,13 @@ class Agent:
             },
         )
 
+    def _retract(self, repo: str, view: Any) -> None:
+        """A task's lease is over (final, or queued again): tombstone its `assign` key, so
+        its runner learns of a cancel at once and finished tasks leave no keys behind."""
+        key = f"{repo}/{view.task_id}"
+        if self.cluster.node.get("assign", key) is not None:
+            self.cluster.node.publish("assign", key, None)
+
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""
         self.repos.refresh()
@@ -183,6 +195,7 @@ class Agent:
         self.watcher = RefWatcher(layout.repos, loop, self.dispatcher.changed)
         for repo in self.repos.all():
             self.watch(repo)
+            gitcli.ensure_hidden(self.repos.path(repo))  # repos made before archiving
         self.watcher.start()
         await self.control.start()
         modules.load_modules(ctx.cfg.modules)  # a bad [[modules]] fails here, clearly
@@ -216,6 +229,7 @@ class Agent:
             asyncio.create_task(self.health.run(ctx.stop_event)),
             asyncio.create_task(self.failover.probe_suspects()),
             asyncio.create_task(self.deadline.guard()),
+            asyncio.create_task(self.upkeep.run()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:

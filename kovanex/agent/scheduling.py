@@ -68,6 +68,10 @@ class TaskScheduler:
         self.locks = locks
         self.core = scheduler.Scheduler(ctx.name)
         self.tips: dict[Key, str] = {}
+        # tasks not final when last seen (queued, leased, running): all a sweep re-reads
+        # while the repo's refs have not changed (ADR 0030)
+        self.active: set[Key] = set()
+        self._stamps: dict[str, tuple[int, ...]] = {}
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
@@ -76,6 +80,7 @@ class TaskScheduler:
         self.announce: Callable[[Assign], None] = lambda a: None
         self.kick: Callable[[str], None] = lambda repo: None
         self.can_place_remotely: Callable[[], bool] = lambda: False
+        self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -106,6 +111,31 @@ class TaskScheduler:
             if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
                 await self.reconcile_task(repo, task_id)
 
+    async def sweep_repo(self, repo: str) -> None:
+        """Anti-entropy at the cost of the tasks in flight: every task ref is listed only
+        when the repo's refs changed since the last full listing; otherwise only the
+        active tasks' tips are read (one ref each), so idle cost does not grow with the
+        number of finished tasks."""
+        stamp = self.repos.ref_stamp(repo)
+        if stamp is None or stamp != self._stamps.get(repo):
+            await self.reconcile_repo(repo)
+            if stamp is not None:
+                self._stamps[repo] = stamp
+            return
+        ledger = self.repos.ledger(repo)
+        for key in sorted(k for k in self.active if k[0] == repo):
+            tip = ledger.tip(key[1])
+            if tip is None:
+                self.forget(key)
+            elif tip != self.tips.get(key):
+                await self.reconcile_task(repo, key[1])
+
+    def forget(self, key: Key) -> None:
+        """A task ref is gone (archived or deleted): drop what we kept about it."""
+        self.active.discard(key)
+        self.tips.pop(key, None)
+        self.core.pending.pop(key, None)
+
     async def reconcile_task(self, repo: str, task_id: str) -> None:
         async with self.locks.of((repo, task_id)):
             await self._reconcile(repo, task_id)
@@ -120,6 +150,12 @@ class TaskScheduler:
     ) -> list[scheduler.Effect]:
         key = (repo, view.task_id)
         self.tips[key] = view.tip
+        if view.state in taskcore.TERMINAL:
+            self.active.discard(key)
+        else:
+            self.active.add(key)
+        if view.state not in scheduler.HELD and view.state != taskcore.SUBMITTED:
+            self.lease_over(repo, view)  # final or queued again: retract its assignment
         self.watch_lease(key, view)
         effects = self.core.observe(
             repo,

@@ -141,6 +141,8 @@ def archive(git_dir: Path | str, tips: Iterable[TaskTip]) -> list[str]:
             moves.append((task_ref(t.task_id), dst, t.oid))
     done = _move_each(git_dir, moves, present)
     done += [dst for src, dst, oid in tidy if present[dst] == oid and _tidy(git_dir, src, dst, oid)]
+    if done:  # into packed-refs: git walks every ref, hidden or not, on each push and fetch
+        gitcli.run(["pack-refs", "--all", "--prune"], git_dir=git_dir)
     return sorted(archived_id_of(d) or "" for d in done)
 
 
