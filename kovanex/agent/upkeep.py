@@ -26,9 +26,19 @@ log = logging.getLogger("kovanex.agent")
 # pack-refs: archived refs leave the loose-ref directory; loose-objects: one transition
 # commit is one loose object; commit-graph and incremental-repack keep walks and packs
 # from growing with history. Never `gc`: it would prune what a replica still stages.
-MAINTENANCE_TASKS = ("pack-refs", "loose-objects", "commit-graph", "incremental-repack")
+MAINTENANCE_TASKS = ("pack-refs", "loose-objects", "commit-graph")
 MAINTENANCE_TIMEOUT_S = 1800.0
 RECHECK_S = 60.0  # a new repo is picked up within this
+
+
+def maintenance_commands(path: Path) -> list[list[str]]:
+    """`git maintenance` runs its tasks in its own order, incremental-repack first, which
+    fails on a repo with no pack yet; so: the tasks, then drop the loose objects the
+    loose-objects task just packed (it only drops them on its next run), then the repack."""
+    out = [["maintenance", "run", *[f"--task={t}" for t in MAINTENANCE_TASKS]]]
+    out.append(["prune-packed", "--quiet"])
+    out.append(["maintenance", "run", "--task=incremental-repack"])
+    return out
 
 
 class UpkeepService:
@@ -89,8 +99,8 @@ class UpkeepService:
             if moved:
                 log.info("%s: archived %d finished task(s)", job.repo, len(moved))
         else:
-            args = ["maintenance", "run", *[f"--task={t}" for t in MAINTENANCE_TASKS]]
-            await gitcli.run_async(args, git_dir=path, timeout=MAINTENANCE_TIMEOUT_S)
+            for args in maintenance_commands(path):
+                await gitcli.run_async(args, git_dir=path, timeout=MAINTENANCE_TIMEOUT_S)
 
     async def run(self) -> None:
         while True:
