@@ -149,3 +149,40 @@ def test_agent_start_gives_old_repos_the_hide_config(tmp_path: Path) -> None:
     assert gitcli.ensure_hidden(old) is False  # idempotent: nothing added twice
     got = git("--git-dir", str(old), "config", "--get-all", "uploadpack.hideRefs").stdout
     assert got.split() == ["refs/kovanex/archive/"]
+
+
+def test_archived_refs_replicate_and_the_replica_drops_its_live_copy(tmp_path: Path) -> None:
+    """Over real HTTP with the cluster secret, the replica's fetch sees what clients do
+    not: the archive ref arrives, and the live branch the owner archived goes."""
+    import asyncio
+
+    from tests.agentkit import until
+    from tests.test_replica_manager import cluster, create, lag_zero, rev, shutdown
+
+    async def go() -> None:
+        _, nodes = await cluster(tmp_path, 2)
+        a, r = nodes
+        try:
+            path = await create(a, "demo")
+            await until(lambda: len(a.m.status("demo")["replicas"]) == 1, what="placement")
+            seed(path, 2, prefix="old")
+            a.m.refs_changed("demo", gitcli.for_each_ref(path))
+            await until(lambda: rev(r.repo("demo"), "refs/heads/task/old1") is not None)
+            moved = await asyncio.to_thread(
+                archive.archive, path, archive.due(archive.read_tips(path), 10**10, 0)
+            )
+            assert moved == ["old0", "old1"]
+            a.m.refs_changed("demo", gitcli.for_each_ref(path, "refs/kovanex/archive/"))
+            mirror = r.repo("demo")
+            await until(lambda: rev(mirror, "refs/kovanex/archive/old1") is not None)
+            await until(lambda: rev(mirror, "refs/heads/task/old1") is None, what="dropped")
+            await until(lambda: lag_zero(a, "demo", r.name), what="lag 0")
+            assert rev(mirror, "refs/kovanex/archive/old0") == rev(
+                path, "refs/kovanex/archive/old0"
+            )
+        finally:
+            await shutdown(nodes)
+        for x in nodes:
+            x.fsck()
+
+    asyncio.run(go())
