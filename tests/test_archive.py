@@ -186,3 +186,23 @@ def test_archived_refs_replicate_and_the_replica_drops_its_live_copy(tmp_path: P
             x.fsck()
 
     asyncio.run(go())
+
+
+def test_a_task_pushed_again_after_archiving_is_archived_over_its_old_self(tmp_path: Path) -> None:
+    data, repo = node(tmp_path)
+    kx("task", "archive", "--older-than", "0s", data=data)
+    old = gitcli.rev_parse(repo, "refs/kovanex/archive/old0")
+    assert old is not None
+    # the branch comes back on top of its archived history (a new generation), finishes
+    git("--git-dir", str(repo), "update-ref", "refs/heads/task/old0", old)
+    seed_on = git(
+        "--git-dir", str(repo), "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "again"
+    )
+    new = seed_on.stdout.strip()
+    msg = "kovanex: succeeded old0\n\nKovanex-Task: old0\nKovanex-State: succeeded\nKovanex-Epoch: 1\n"
+    done = git("--git-dir", str(repo), "commit-tree", f"{old}^{{tree}}", "-p", new, "-m", msg)
+    git("--git-dir", str(repo), "update-ref", "refs/heads/task/old0", done.stdout.strip(), old)
+    kx("task", "archive", "--older-than", "0s", data=data)
+    assert gitcli.rev_parse(repo, "refs/heads/task/old0") is None
+    assert gitcli.rev_parse(repo, "refs/kovanex/archive/old0") == done.stdout.strip()
+    fsck(repo)

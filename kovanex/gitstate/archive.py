@@ -90,12 +90,14 @@ def due(tips: Iterable[TaskTip], now: float, older_than_s: float) -> list[TaskTi
     return [t for t in tips if not t.archived and t.finished and now - t.time >= older_than_s]
 
 
-def _move(git_dir: Path | str, moves: list[tuple[str, str, str]]) -> bool:
-    """(from ref, to ref, oid) as one transaction: create `to` if absent, delete `from`
-    if it still holds `oid`."""
+def _move(
+    git_dir: Path | str, moves: list[tuple[str, str, str]], replacing: str | None = None
+) -> bool:
+    """(from ref, to ref, oid) as one transaction: create `to` if absent (or move it from
+    `replacing`), delete `from` if it still holds `oid`."""
     lines = []
     for src, dst, oid in moves:
-        lines.append(f"create {dst} {oid}\n")
+        lines.append(f"update {dst} {oid} {replacing}\n" if replacing else f"create {dst} {oid}\n")
         lines.append(f"delete {src} {oid}\n")
     if not lines:
         return True
@@ -140,7 +142,14 @@ def archive(git_dir: Path | str, tips: Iterable[TaskTip]) -> list[str]:
         else:
             moves.append((task_ref(t.task_id), dst, t.oid))
     done = _move_each(git_dir, moves, present)
-    done += [dst for src, dst, oid in tidy if present[dst] == oid and _tidy(git_dir, src, dst, oid)]
+    for src, dst, oid in tidy:
+        old = present[dst]
+        if old == oid:  # left in both places by a crash
+            ok = _tidy(git_dir, src, dst, oid)
+        else:  # archived before, pushed again on top of it, finished again
+            ok = gitcli.is_ancestor(git_dir, old, oid) and _move(git_dir, [(src, dst, oid)], old)
+        if ok:
+            done.append(dst)
     if done:  # into packed-refs: git walks every ref, hidden or not, on each push and fetch
         gitcli.run(["pack-refs", "--all", "--prune"], git_dir=git_dir)
     return sorted(archived_id_of(d) or "" for d in done)
