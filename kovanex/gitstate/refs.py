@@ -49,32 +49,35 @@ def valid_task_id(task_id: str) -> bool:
     )
 
 
-def task_ref(task_id: str) -> str:
+def _ref_of(prefix: str, task_id: str) -> str:
     if not valid_task_id(task_id):
         raise ValueError(f"invalid task id {task_id!r}")
-    return TASK_PREFIX + task_id
+    return prefix + task_id
+
+
+def _id_of(prefix: str, ref: str) -> str | None:
+    if not ref.startswith(prefix):
+        return None
+    tid = ref[len(prefix) :]
+    return tid if valid_task_id(tid) else None
+
+
+def task_ref(task_id: str) -> str:
+    return _ref_of(TASK_PREFIX, task_id)
 
 
 def task_id_of(ref: str) -> str | None:
     """The task id of a task ref, None for any other ref (including a nested task/a/b)."""
-    if not ref.startswith(TASK_PREFIX):
-        return None
-    tid = ref[len(TASK_PREFIX) :]
-    return tid if valid_task_id(tid) else None
+    return _id_of(TASK_PREFIX, ref)
 
 
 def archive_ref(task_id: str) -> str:
-    if not valid_task_id(task_id):
-        raise ValueError(f"invalid task id {task_id!r}")
-    return ARCHIVE + task_id
+    return _ref_of(ARCHIVE, task_id)
 
 
 def archived_id_of(ref: str) -> str | None:
     """The task id of an archive ref, None for any other ref."""
-    if not ref.startswith(ARCHIVE):
-        return None
-    tid = ref[len(ARCHIVE) :]
-    return tid if valid_task_id(tid) else None
+    return _id_of(ARCHIVE, ref)
 
 
 def lost_ref(epoch: int, ref: str) -> str:
