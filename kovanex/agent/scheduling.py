@@ -135,6 +135,7 @@ class TaskScheduler:
         self.active.discard(key)
         self.tips.pop(key, None)
         self.core.pending.pop(key, None)
+        self.repos.ledger(key[0]).forget(key[1])
 
     async def reconcile_task(self, repo: str, task_id: str) -> None:
         async with self.locks.of((repo, task_id)):

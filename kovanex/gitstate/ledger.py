@@ -111,6 +111,11 @@ class TaskLedger:
         self._views[task_id] = view
         return view
 
+    def forget(self, task_id: str) -> None:
+        """Drop the cached view of a task whose ref is gone (archived): memory follows the
+        live tasks, not history."""
+        self._views.pop(task_id, None)
+
     def spec_bytes(self, task_id: str) -> bytes | None:
         tip = self.tip(task_id)
         return None if tip is None else self.store.read_file(tip, SPEC_PATH)
