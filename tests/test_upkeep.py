@@ -108,3 +108,16 @@ def test_a_tombstoned_gossip_key_spreads_then_is_reaped() -> None:
     a.publish(4.0 + ttl * 3, "assign", "r/t2", {"node": "b", "epoch": 1})
     a.tick(5.0 + ttl * 5)
     assert ("assign", "r/t2") in a.app  # live keys are never reaped
+
+
+def test_a_bad_maintenance_setting_is_refused_with_what_fits() -> None:
+    import pytest
+
+    text = '[node]\nname = "n1"\n[maintenance]\narchive_after = "%s"\n'
+    assert cfgmod.NodeConfig.from_toml(text % "0s").archive_after == "0s"
+    assert cfgmod.parse_duration("7d") == 7 * DAY
+    with pytest.raises(cfgmod.ConfigError, match=r"\[maintenance\] archive_after: 'a week'"):
+        cfgmod.NodeConfig.from_toml(text % "a week")
+    cfg = cfgmod.NodeConfig(name="n1", archive_after="3d", maintenance_every="30m")
+    back = cfgmod.NodeConfig.from_toml(cfg.to_toml())
+    assert (back.archive_after, back.maintenance_every) == ("3d", "30m")
