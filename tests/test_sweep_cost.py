@@ -74,3 +74,16 @@ def test_an_idle_sweep_reads_the_tasks_in_flight_not_the_history(tmp_path: Path)
     assert big["refs"] == 0  # no listing of every task ref
     assert big["get_ref"] <= 3  # the live task's tip, for the sweep and the backstop
     assert big["walk"] == 0
+
+
+def test_a_start_reads_the_tips_of_finished_tasks_not_their_histories(tmp_path: Path) -> None:
+    n = Node(tmp_path / "n1")
+    seed(n.repos.path("r"), 300)
+    submit(n.led, "live")
+    seen = count_calls(n.led.store, ["walk", "read_commit"])
+    n.runs.slots.try_acquire()  # nothing starts: the live task stays queued
+    asyncio.run(n.sched.reconcile_all())
+    assert n.sched.active == {("r", "live")}
+    assert len(n.sched.tips) == 301 and n.sched.tips[("r", "old7")] == n.led.tip("old7")
+    assert seen["walk"] <= 2  # the live task's history, not the 300 finished ones
+    assert len(n.led._views) <= 1

@@ -47,6 +47,7 @@ from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
 
 log = logging.getLogger("kovanex.agent")
+GIT_CACHE_BYTES = 16 * 2**20
 
 
 class Agent:
@@ -250,6 +251,11 @@ class Agent:
 
 def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:
     cfg = cfgmod.load(layout)
+    import pygit2
     import uvloop
+
+    # libgit2 keeps up to 256 MiB of parsed objects by default; the agent re-reads tips,
+    # not whole histories, so a small cache keeps RSS flat as history grows (ADR 0030)
+    pygit2.settings.cache_max_size(GIT_CACHE_BYTES)
 
     uvloop.run(Agent(layout, cfg).run(on_ready))

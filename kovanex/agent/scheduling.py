@@ -30,6 +30,7 @@ from kovanex.core.effects import (
     StartRun,
     WriteRef,
 )
+from kovanex.gitstate import archive
 from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
@@ -105,11 +106,29 @@ class TaskScheduler:
     async def reconcile_repo(self, repo: str, force: bool = False) -> None:
         if not self.repos.path(repo).exists():
             return
+        if force:
+            await self._reconcile_from_tips(repo)
+            return
         refs = self.repos.ledger(repo).store.refs(TASK_PREFIX)
         for ref, tip in sorted(refs.items()):
             task_id = task_id_of(ref)
             if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
                 await self.reconcile_task(repo, task_id)
+
+    async def _reconcile_from_tips(self, repo: str) -> None:
+        """Every task of a repo (start, takeover), from one for-each-ref of the tips: a
+        finished task with no run here needs nothing but its tip, so its history is not
+        walked (a start costs what the live tasks cost, and memory stays flat)."""
+        tips = await asyncio.to_thread(archive.read_tips, self.repos.path(repo))
+        for t in tips:
+            if t.finished and t.transition and (repo, t.task_id) not in self.runs.runs:
+                tr = t.transition
+                view = taskcore.TaskView(
+                    t.task_id, tr.state, tr.epoch, tr.node, tr.attempt, reason=tr.reason, tip=t.oid
+                )
+                self._observe(repo, view)
+            else:
+                await self.reconcile_task(repo, t.task_id)
 
     async def sweep_repo(self, repo: str) -> None:
         """Anti-entropy at the cost of the tasks in flight: every task ref is listed only
