@@ -124,6 +124,8 @@ def measure(tmp: Path, n: int, pushes: int) -> dict[str, float]:
         agent = run_agent(data)
         restarts.append(time.perf_counter() - t0)
     out["restart"] = p50(restarts)
+    time.sleep(IDLE_AFTER_S)  # settle, then the steady state: history already read once
+    out["rss_restarted"] = rss_mb(agent.pid)
     stop(agent)
     return out
 
@@ -151,6 +153,7 @@ def table(res: dict[int, dict[str, float]]) -> str:
             [f"push ratio p50 {at}", f"{r['push_kx'] / r['push_plain']:.2f}", "", "", ""],
             [f"idle CPU % {at}", f"{r['cpu']:.2f}", "", "", "≤1" if big else ""],
             [f"idle RSS MB {at}", f"{r['rss']:.1f}", "", "", "≤80" if big else ""],
+            [f"idle RSS after a restart MB {at}", f"{r['rss_restarted']:.1f}", "", "", ""],
             [f"first start s {at}", f"{r['start']:.2f}", "", "", ""],
             [f"restart-to-ready s {at}", f"{r['restart']:.2f}", "", "", "≤1" if big else ""],
             [

@@ -37,7 +37,7 @@ from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
-from kovanex.agent.upkeep import UpkeepService
+from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.core.effects import Assign
 from kovanex.gitstate import gitcli
@@ -216,6 +216,7 @@ class Agent:
         for repo in self.repos.all():
             self.watch(repo)
         await self.scheduler.reconcile_all()
+        release_memory()  # one pass over every task's tip: do not carry its peak
         await self.hooks.start()
         layout.pid_file.write_text(f"{os.getpid()}\n")
         workers = [

@@ -11,6 +11,8 @@ meanwhile stays where it is.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +31,17 @@ log = logging.getLogger("kovanex.agent")
 MAINTENANCE_TASKS = ("pack-refs", "loose-objects", "commit-graph")
 MAINTENANCE_TIMEOUT_S = 1800.0
 RECHECK_S = 60.0  # a new repo is picked up within this
+
+
+def release_memory() -> None:
+    """After a pass over every task of a big repo (a first start, an archive run), give
+    the freed heap back: Python and glibc keep it otherwise, and idle RSS would carry a
+    one-off peak for the agent's lifetime."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
 
 
 def maintenance_commands(path: Path) -> list[list[str]]:
@@ -98,6 +111,7 @@ class UpkeepService:
                 self.forget((job.repo, task_id))
             if moved:
                 log.info("%s: archived %d finished task(s)", job.repo, len(moved))
+                release_memory()
         else:
             for args in maintenance_commands(path):
                 await gitcli.run_async(args, git_dir=path, timeout=MAINTENANCE_TIMEOUT_S)
