@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench wheel clean
+.PHONY: demo test lint fmt bench bench-peers wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+# Kovanex beside celery (redis) and huey (SQLite): the `bench` extra, and Debian's
+# redis-server (apt, as root) when it is missing
+bench-peers: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q redis-server; }
+	$(BIN)/python -m bench.peer_bench
 
 wheel: $(STAMP)  # dist/kovanex-*.whl, with hooks/ and templates/ inside (ADR 0018)
 	$(BIN)/pip wheel -q --no-deps -w dist .

@@ -17,7 +17,18 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
+from bench.common import (
+    install_cleanup,
+    kx,
+    md_table,
+    p50,
+    pct,
+    sandbox,
+    sh,
+    spawn,
+    step_writable,
+    wait,
+)
 
 PY = sys.executable
 
@@ -52,11 +63,10 @@ class Cluster:
         d = self.root / name
         args = [] if name == self.nodes[0] else ["--join", self.seed]
         log = open(d / "agent.log", "ab")
-        self.procs[name] = subprocess.Popen(
+        self.procs[name] = spawn(
             [PY, "-m", "kovanex", "--data", str(d), "agent", "--log-level", "warning", *args],
             stdout=log,
             stderr=log,
-            start_new_session=True,
         )
         wait(lambda: (d / "run" / "hook").exists(), 30)
 
@@ -234,6 +244,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--pushes", type=int, default=30)
     a = ap.parse_args()
+    install_cleanup()
     root = sandbox("kx-cbench-")
     res = resume_trials(root, a.trials)
     print(f"bench: resume trials done: {res}", file=sys.stderr, flush=True)

@@ -1,8 +1,11 @@
-"""Shared bench helpers: percentiles and markdown tables."""
+"""Shared bench helpers: percentiles, markdown tables, and agents that never outlive the
+bench: every process started with `spawn` is stopped on exit, SIGTERM and SIGINT."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -11,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "b",
@@ -76,3 +81,110 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+# -- processes the bench started: stopped however the bench ends -------------------------
+_SPAWNED: list[subprocess.Popen] = []
+STOP_GRACE_S = 10.0
+
+
+def spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
+    """Start a process in its own session (so its children can be killed with it) and
+    remember it; `install_cleanup` stops it whatever way the bench ends."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+    _SPAWNED.append(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM (an agent stops its runs), then SIGKILL the whole process group."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of its group is left
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(5)
+    if proc in _SPAWNED:
+        _SPAWNED.remove(proc)
+
+
+def cleanup() -> None:
+    for proc in list(reversed(_SPAWNED)):
+        stop(proc)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    cleanup()
+    raise SystemExit(128 + signum)
+
+
+def install_cleanup() -> None:
+    """Call first in a bench's main: agents and servers it spawns die with it."""
+    atexit.register(cleanup)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
+
+
+def start_agent(data: Path, name: str, runners: int, *extra: str) -> subprocess.Popen:
+    """`kovanex init` + `kovanex agent` on a node dir, tracked by `spawn`; returns when
+    the agent is ready."""
+    if not (data / "kovanex.toml").exists():
+        kx(data, "init", "--name", name, "--bind", "127.0.0.1:0", "--runners", str(runners))
+    return run_agent(data, *extra)
+
+
+def run_agent(data: Path, *extra: str) -> subprocess.Popen:
+    log = open(data / "agent.log", "ab")
+    cmd = [sys.executable, "-m", "kovanex", "--data", str(data), "agent", "--log-level", "warning"]
+    proc = spawn([*cmd, *extra], stdout=log, stderr=log)
+    wait(lambda: agent_ready(data, proc), 120)
+    return proc
+
+
+def agent_ready(data: Path, proc: subprocess.Popen) -> bool:
+    """The agent wrote its pid file: it has reconciled every task and listens for hooks."""
+    if proc.poll() is not None:
+        raise SystemExit(f"bench: agent exited: {(data / 'agent.log').read_text()[-1500:]}")
+    pid = data / "run" / "agent.pid"
+    try:
+        return pid.read_text().strip() == str(proc.pid)
+    except OSError:
+        return False
+
+
+def cpu_of(pids: list[int], seconds: float) -> float:
+    """CPU seconds per wall second of the given processes and their children."""
+    procs = [psutil.Process(p) for p in pids]
+
+    def total() -> float:
+        t = 0.0
+        for p in procs:
+            for q in [p, *p.children(recursive=True)]:
+                try:
+                    c = q.cpu_times()
+                    t += c.user + c.system
+                except psutil.Error:
+                    pass
+        return t
+
+    before = total()
+    time.sleep(seconds)  # a measurement window, not synchronisation
+    return (total() - before) / seconds
+
+
+def rss_mb(pid: int) -> float:
+    """RSS of a process and its children, MiB."""
+    p = psutil.Process(pid)
+    total = 0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            total += q.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20

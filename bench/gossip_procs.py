@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import md_table, p50, pct, wait
+from bench.common import install_cleanup, md_table, p50, pct, spawn, wait
 
 
 def start(root: Path, name: str, join: str | None) -> subprocess.Popen:
@@ -32,7 +32,7 @@ def start(root: Path, name: str, join: str | None) -> subprocess.Popen:
     ]
     if join:
         cmd += ["--join", join]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def state(root: Path, name: str) -> dict:
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--trials", type=int, default=3)
     a = ap.parse_args()
+    install_cleanup()
     root = Path(tempfile.mkdtemp(prefix="kx-gprocs-"))
     procs: dict[str, subprocess.Popen] = {}
     times: list[float] = []

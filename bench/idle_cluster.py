@@ -9,33 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-import psutil
-
 from bench.cluster_bench import Cluster
-from bench.common import md_table, sandbox
-
-
-def cpu_of(pids: list[int], seconds: float) -> float:
-    """CPU seconds per wall second of the given processes and their children."""
-    procs = [psutil.Process(p) for p in pids]
-
-    def total() -> float:
-        t = 0.0
-        for p in procs:
-            for q in [p, *p.children(recursive=True)]:
-                try:
-                    c = q.cpu_times()
-                    t += c.user + c.system
-                except psutil.Error:
-                    pass
-        return t
-
-    before = total()
-    psutil.Process().cpu_percent(None)
-    import time
-
-    time.sleep(seconds)  # a measurement window, not synchronisation
-    return (total() - before) / seconds
+from bench.common import cpu_of, install_cleanup, md_table, sandbox
 
 
 def main() -> None:
@@ -43,6 +18,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=5.0)
     a = ap.parse_args()
+    install_cleanup()
     root = sandbox("kx-idle-")
     c = Cluster(root, {"o": "a", "x": "b", "y": "b"})
     try:

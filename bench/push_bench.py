@@ -12,31 +12,29 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pygit2
 
-from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
+from bench.common import (
+    install_cleanup,
+    kx,
+    md_table,
+    p50,
+    pct,
+    sandbox,
+    sh,
+    start_agent,
+    step_writable,
+    stop,
+    wait,
+)
 
 
 def show(data: Path, task: str) -> dict:
     return json.loads(kx(data, "task", "show", task, "--format", "json"))
-
-
-def start_agent(data: Path, name: str, runners: int) -> subprocess.Popen:
-    kx(data, "init", "--name", name, "--bind", "127.0.0.1:0", "--runners", str(runners))
-    log = open(data / "agent.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kovanex", "--data", str(data), "agent", "--log-level", "warning"],
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    wait(lambda: (data / "run" / "hook").exists(), 30)
-    return proc
 
 
 def bench_push(tmp: Path, data: Path, n: int) -> dict:
@@ -131,6 +129,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--runners", type=int, default=4)
     a = ap.parse_args()
+    install_cleanup()
     tmp = sandbox("kx-bench-")
     data = tmp / "n1"
     proc = start_agent(data, "n1", a.runners)
@@ -141,8 +140,7 @@ def main() -> None:
         tput = bench_throughput(tmp, data, a.tasks)
         floor = floor_rate(tmp, a.tasks)
     finally:
-        proc.terminate()
-        proc.wait(15)
+        stop(proc)
     ms = lambda xs, p: f"{1000 * pct(xs, p):.1f}"  # noqa: E731
     ratio50 = p50(r["kovanex"]) / p50(r["plain"])
     ratio95 = pct(r["kovanex"], 95) / pct(r["plain"], 95)

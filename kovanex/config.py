@@ -97,6 +97,11 @@ class Layout:
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 
+    @property
+    def upkeep_file(self) -> Path:
+        """When each repo was last archived and maintained (agent/upkeep.py)."""
+        return self.root / "upkeep.json"
+
     def step_log(self, repo: str, task: str, index: int, step: str) -> Path:
         return self.logs / repo / task / f"{index}-{step}.log"
 
@@ -127,6 +132,10 @@ class NodeConfig:
     limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
     scaling: ScalingPolicy = field(default_factory=ScalingPolicy)  # `[scaling]`: ADR 0025
     log_format: str = "text"  # `[log] format`: text | json (JSON lines)
+    # [maintenance]: finished tasks move to refs/kovanex/archive/ after this age, and
+    # `git maintenance` (pack-refs, commit-graph, incremental repack) runs this often
+    archive_after: str = "7d"
+    maintenance_every: str = "1h"
 
     def to_toml(self) -> str:
         lines = [
@@ -156,6 +165,9 @@ class NodeConfig:
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
         lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+        if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
+            lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
+            lines += [f"every = {_q(self.maintenance_every)}"]
         if self.limits.changed():
             lines += ["", "[limits]"]
             lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
@@ -201,6 +213,8 @@ class NodeConfig:
             limits=_limits(doc.get("limits", {}), path),
             scaling=_scaling(doc.get("scaling", {}), path),
             log_format=str(doc.get("log", {}).get("format", "text")),
+            archive_after=str(doc.get("maintenance", {}).get("archive_after", "7d")),
+            maintenance_every=str(doc.get("maintenance", {}).get("every", "1h")),
         )
         cfg.check(path)
         return cfg
@@ -212,12 +226,29 @@ class NodeConfig:
             raise ConfigError(f"{path}: role {self.role!r} must be one of {', '.join(ROLES)}")
         if self.runner_slots < 0:
             raise ConfigError(f"{path}: runner_slots must be >= 0")
+        for key, text in (("archive_after", self.archive_after), ("every", self.maintenance_every)):
+            try:
+                parse_duration(text)
+            except ValueError as e:
+                raise ConfigError(f"{path}: [maintenance] {key}: {e}") from None
         if self.units_mode not in ("users", "uids", "namespace", "none"):
             raise ConfigError(
                 f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"{path}: [log] format {self.log_format!r} must be text|json")
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """`0s`, `90s`, `30m`, `12h`, `7d`, `2w` into seconds; ValueError says what fits."""
+    m = _DURATION.fullmatch(str(text))
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration; use a number and a unit: 0s, 30m, 12h, 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def _limits(table: Any, path: str) -> InputLimits:

@@ -39,15 +39,18 @@ from kovanex.agent.scaling import ScalingService
 from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
 from kovanex.agent.tokensync import TokenSync
+from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.service import ApiService
 from kovanex.core.effects import Assign
+from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
 
 log = logging.getLogger("kovanex.agent")
+GIT_CACHE_BYTES = 16 * 2**20
 
 
 class Agent:
@@ -139,6 +142,7 @@ class Agent:
         )
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
+        self.upkeep = UpkeepService(ctx, self.repos, self.scheduler.forget, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
 
         # -- who tells whom -------------------------------------------------------------
@@ -146,6 +150,8 @@ class Agent:
         self.runs.on_finished = self.dispatcher.changed
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
+        self.scheduler.lease_over = self._retract
+        self.failover.tracked = lambda: list(self.scheduler.active)
         self.scheduler.kick = self.dispatcher.changed
         self.scheduler.can_place_remotely = lambda: bool(self.cluster.node_infos())
         self.scheduler.on_placed = self.metrics.placed
@@ -192,6 +198,13 @@ class Agent:
             },
         )
 
+    def _retract(self, repo: str, view: Any) -> None:
+        """A task's lease is over (final, or queued again): tombstone its `assign` key, so
+        its runner learns of a cancel at once and finished tasks leave no keys behind."""
+        key = f"{repo}/{view.task_id}"
+        if self.cluster.node.get("assign", key) is not None:
+            self.cluster.node.publish("assign", key, None)
+
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""
         self.repos.refresh()
@@ -217,6 +230,7 @@ class Agent:
         self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
+            gitcli.ensure_hidden(self.repos.path(repo))  # repos made before archiving
         self.watcher.start()
         await self.control.start()
         modules.load_modules(ctx.cfg.modules)  # a bad [[modules]] fails here, clearly
@@ -237,6 +251,7 @@ class Agent:
         for repo in self.repos.all():
             self.watch(repo)
         await self.scheduler.reconcile_all()
+        release_memory()  # one pass over every task's tip: do not carry its peak
         await self.hooks.start()
         layout.pid_file.write_text(f"{os.getpid()}\n")
         workers = [
@@ -252,6 +267,7 @@ class Agent:
             asyncio.create_task(self.failover.probe_suspects()),
             asyncio.create_task(self.deadline.guard()),
             asyncio.create_task(self.scaling.run(ctx.stop_event)),
+            asyncio.create_task(self.upkeep.run()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:
@@ -273,6 +289,11 @@ class Agent:
 
 def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:
     cfg = cfgmod.load(layout)
+    import pygit2
     import uvloop
+
+    # libgit2 keeps up to 256 MiB of parsed objects by default; the agent re-reads tips,
+    # not whole histories, so a small cache keeps RSS flat as history grows (ADR 0030)
+    pygit2.settings.cache_max_size(GIT_CACHE_BYTES)
 
     uvloop.run(Agent(layout, cfg).run(on_ready))

@@ -79,7 +79,8 @@ class Dispatcher:
 
 
 class Sweeper:
-    """Anti-entropy: a periodic full read of the refs catches anything missed."""
+    """Anti-entropy: a periodic read of the refs catches anything missed; what it reads is
+    the tasks in flight, and every task ref only when the ref store changed."""
 
     def __init__(
         self,
@@ -99,7 +100,7 @@ class Sweeper:
         for repo in self.repos.refresh():
             self.watch(repo)
         for repo in self.repos.owned():
-            await self.scheduler.reconcile_repo(repo)
+            await self.scheduler.sweep_repo(repo)
         await self.fence()
         await self.scheduler.schedule_pending()
 

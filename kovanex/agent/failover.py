@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kovanex.agent.context import NodeContext
@@ -35,6 +35,8 @@ class Failover:
         self.requeued: Callable[[str, str], None] = lambda repo, task: None
         self.changed: Callable[[], None] = lambda: None
         self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        # the tasks that can hold a lease (the scheduler's active set); None: every task
+        self.tracked: Callable[[], Iterable[tuple[str, str]]] | None = None
 
     def on_member_event(self, topic: str, member: Any) -> None:
         """Membership changed: capacity may have appeared, or a lease holder died."""
@@ -71,10 +73,14 @@ class Failover:
     async def fence_failed_holders(self) -> None:
         """Backstop for a missed member-failed event: requeue leases of dead/left nodes."""
         status = self.status()
+        owned = self.repos.owned()
+        keys = (
+            [(r, t) for r in owned for t in self.repos.ledger(r).list_tasks()]
+            if self.tracked is None
+            else sorted(k for k in self.tracked() if k[0] in owned)
+        )
         views = (
-            self.repos.ledger(repo).read(task_id)
-            for repo in self.repos.owned()
-            for task_id in self.repos.ledger(repo).list_tasks()
+            self.repos.ledger(r).read(t) for r, t in keys if self.repos.ledger(r).tip(t) is not None
         )
         for name in scheduler.failed_holders(views, status, self.ctx.name):
             await self.requeue_held_by(name)

@@ -38,6 +38,10 @@ class ControlOps:
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
                 "hook_port": a.hooks.port,
                 "gossip": a.cluster.security(),
+                # what idle cost follows: tasks in flight, live assignments (ADR 0030/0031)
+                "active": len(a.scheduler.active),
+                "assignments": len(a.cluster.node.items("assign")),
+                "upkeep_runs": a.upkeep.runs,
             }
         if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
             return {"published": a.token_sync.publish_all()}

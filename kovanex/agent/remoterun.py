@@ -2,7 +2,9 @@
 read and write its branch over HTTP through a cache repo, and watch for a cancel.
 
 No lock is held across the network: the owner's branch is read first, and the task's
-lock only guards the check-and-start that follows (ADR 0016)."""
+lock only guards the check-and-start that follows (ADR 0016). A cancel or a moved lease
+reaches a runner on gossip (the owner retracts or re-publishes the `assign` key), not by
+polling the owner."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import Lease
-from kovanex.gitstate.refs import task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.gossip import GossipNode
 
@@ -43,6 +44,7 @@ class RemoteRuns:
         self.gossip = gossip
         self.replicas = replicas
         self.assignments: dict[str, str] = {}  # repo -> owner base URL, from assign records
+        self._watched: dict[tuple[str, str], tuple[TaskRun, RemoteLedger]] = {}
 
     def start(self) -> None:
         self.gossip.subscribe(ASSIGN, self._on_assign)
@@ -65,6 +67,17 @@ class RemoteRuns:
 
     def _on_assign(self, topic: str, payload: Any) -> None:
         value = getattr(payload, "value", None)
+        repo, _, task_id = str(getattr(payload, "key", "")).partition("/")
+        watched = self._watched.get((repo, task_id))
+        if watched is not None:
+            run, remote = watched
+            mine = isinstance(value, dict) and (value.get("node"), value.get("epoch")) == (
+                self.ctx.name,
+                run.lease.epoch,
+            )
+            if not mine:  # retracted (final: cancelled...) or moved elsewhere: verify
+                asyncio.get_running_loop().create_task(self._verify(run, remote))
+                return
         if not isinstance(value, dict) or value.get("node") != self.ctx.name:
             return
         self.assignments[value["repo"]] = value["url"]
@@ -114,28 +127,33 @@ class RemoteRuns:
                 return
             lease = Lease(task_id, self.ctx.name, epoch, repo=repo)
             run = self.runs.start(lease, remote, remote.cache, remote=remote)
-        asyncio.get_running_loop().create_task(self._watch(run, remote))
+        self._watch(run, remote)
 
-    async def _watch(self, run: TaskRun, remote: RemoteLedger) -> None:
-        """Notice a cancel or a move on the owner while a long step runs."""
-        from kovanex.gitstate import mirror
+    def _watch(self, run: TaskRun, remote: RemoteLedger) -> None:
+        """Listen for the owner's word on this lease: it retracts the `assign` key once
+        the task is final (a cancel) or its lease ends, and re-assigns it on a move. No
+        polling: the runner's next write is a CAS the owner refuses anyway (ADR 0031)."""
+        self._watched = {
+            k: (r, rl) for k, (r, rl) in self._watched.items() if self.runs.runs.get(k) is r
+        }
+        self._watched[run.key] = (run, remote)
 
-        ref = task_ref(run.lease.task_id)
-        while run.key in self.runs.runs and not run.cancel.is_set():
-            await asyncio.sleep(1.0)
-            try:
-                refs = await asyncio.to_thread(mirror.ls_remote, remote.owner_url(), self.ctx.token)
-            except Exception:  # noqa: BLE001 - transient; the next write decides anyway
-                continue
-            if refs.get(ref) not in (None, remote.tip(run.lease.task_id)):
-                try:
-                    view = await asyncio.to_thread(remote.read, run.lease.task_id)
-                except Exception:  # noqa: BLE001
-                    continue
-                if view.epoch != run.lease.epoch or view.node != self.ctx.name:
-                    run.stand_down(
-                        f"lease moved on the owner: {view.state} {view.node}@{view.epoch}"
-                    )
+    async def _verify(self, run: TaskRun, remote: RemoteLedger) -> None:
+        """Read the owner's branch (network, no lock) and stand down if the lease moved."""
+        if self.runs.runs.get(run.key) is not run or run.cancel.is_set():
+            self._watched.pop(run.key, None)
+            return
+        try:
+            view = await asyncio.to_thread(remote.read, run.lease.task_id)
+        except Exception:  # noqa: BLE001 - owner unreachable: the next write decides
+            return
+        if (
+            view.epoch != run.lease.epoch
+            or view.node != self.ctx.name
+            or view.state not in (taskcore.PLACED, taskcore.RUNNING)
+        ):
+            self._watched.pop(run.key, None)
+            run.stand_down(f"lease moved on the owner: {view.state} {view.node}@{view.epoch}")
 
 
 def fetch_failure(e: Exception) -> str:

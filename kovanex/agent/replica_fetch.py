@@ -28,8 +28,10 @@ from kovanex.gitstate.refs import (
     STAGING_REFS,
     SYNC_STAGING,
     TASK_PREFIX,
+    archived_id_of,
     lost_ref,
     mirrored,
+    task_ref,
 )
 
 log = logging.getLogger("kovanex.replica")
@@ -226,6 +228,14 @@ class ReplicaFetcher:
         if follow:
             for r in mirror.apply_staged(path, follow, force=True):
                 res.refused.pop(r, None)
+        archived = {r: o for r, o in res.items() if archived_id_of(r)}
+        if archived:  # the owner archived these: our copy of the live branch goes too
+            live = gitcli.for_each_ref(path, TASK_PREFIX)
+            drop = [(task_ref(archived_id_of(r) or ""), o) for r, o in archived.items()]
+            moves = [(ref, None, o) for ref, o in drop if live.get(ref) == o]
+            if not gitcli.update_ref_cas(path, moves):  # one moved meanwhile: the rest go
+                for m in moves:
+                    gitcli.update_ref_cas(path, [m])
         return res.refused
 
     async def after_fetch(self, repo: str) -> None:

@@ -3,12 +3,17 @@ globbing the repos dir showed up in profiles)."""
 
 from __future__ import annotations
 
+import time as _time
 from pathlib import Path
 from typing import Protocol
 
 from kovanex import config as cfgmod
 from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store
+
+# A ref store change younger than this is not trusted as "nothing changed since" (mtimes
+# tick at the kernel's clock granularity, a few ms; a second is generous).
+STAMP_SETTLE_NS = 1_000_000_000
 
 
 class Roles(Protocol):
@@ -48,6 +53,24 @@ class RepoIndex:
             led = TaskLedger(Pygit2Store(str(self.path(repo))), node=self.node)
             self._ledgers[repo] = led
         return led
+
+    def ref_stamp(self, repo: str) -> tuple[int, ...] | None:
+        """What changes whenever a task ref is written: the loose task refs' directory
+        (a write creates `<ref>.lock`, then renames it) and packed-refs. None when the
+        newest change is too recent to trust: a second write within the filesystem's
+        timestamp granularity would leave the same stamp."""
+        p = self.path(repo)
+        out: list[int] = []
+        for f in (p / "refs" / "heads" / "task", p / "packed-refs"):
+            try:
+                st = f.stat()
+            except FileNotFoundError:
+                out += [0, 0, 0]
+                continue
+            if _time.time_ns() - st.st_mtime_ns < STAMP_SETTLE_NS:
+                return None
+            out += [st.st_mtime_ns, st.st_size, st.st_ino]
+        return tuple(out)
 
     def forget_ledger(self, repo: str) -> None:
         """Refs were replaced underneath (a takeover promoted them): reopen next time."""

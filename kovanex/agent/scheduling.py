@@ -30,6 +30,7 @@ from kovanex.core.effects import (
     StartRun,
     WriteRef,
 )
+from kovanex.gitstate import archive
 from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
@@ -68,6 +69,10 @@ class TaskScheduler:
         self.locks = locks
         self.core = scheduler.Scheduler(ctx.name)
         self.tips: dict[Key, str] = {}
+        # tasks not final when last seen (queued, leased, running): all a sweep re-reads
+        # while the repo's refs have not changed (ADR 0030)
+        self.active: set[Key] = set()
+        self._stamps: dict[str, tuple[int, ...]] = {}
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
@@ -77,6 +82,7 @@ class TaskScheduler:
         self.kick: Callable[[str], None] = lambda repo: None
         self.can_place_remotely: Callable[[], bool] = lambda: False
         self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
+        self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -101,11 +107,55 @@ class TaskScheduler:
     async def reconcile_repo(self, repo: str, force: bool = False) -> None:
         if not self.repos.path(repo).exists():
             return
+        if force:
+            await self._reconcile_from_tips(repo)
+            return
         refs = self.repos.ledger(repo).store.refs(TASK_PREFIX)
         for ref, tip in sorted(refs.items()):
             task_id = task_id_of(ref)
             if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
                 await self.reconcile_task(repo, task_id)
+
+    async def _reconcile_from_tips(self, repo: str) -> None:
+        """Every task of a repo (start, takeover), from one for-each-ref of the tips: a
+        finished task with no run here needs nothing but its tip, so its history is not
+        walked (a start costs what the live tasks cost, and memory stays flat)."""
+        tips = await asyncio.to_thread(archive.read_tips, self.repos.path(repo))
+        for t in tips:
+            if t.finished and t.transition and (repo, t.task_id) not in self.runs.runs:
+                tr = t.transition
+                view = taskcore.TaskView(
+                    t.task_id, tr.state, tr.epoch, tr.node, tr.attempt, reason=tr.reason, tip=t.oid
+                )
+                self._observe(repo, view)
+            else:
+                await self.reconcile_task(repo, t.task_id)
+
+    async def sweep_repo(self, repo: str) -> None:
+        """Anti-entropy at the cost of the tasks in flight: every task ref is listed only
+        when the repo's refs changed since the last full listing; otherwise only the
+        active tasks' tips are read (one ref each), so idle cost does not grow with the
+        number of finished tasks."""
+        stamp = self.repos.ref_stamp(repo)
+        if stamp is None or stamp != self._stamps.get(repo):
+            await self.reconcile_repo(repo)
+            if stamp is not None:
+                self._stamps[repo] = stamp
+            return
+        ledger = self.repos.ledger(repo)
+        for key in sorted(k for k in self.active if k[0] == repo):
+            tip = ledger.tip(key[1])
+            if tip is None:
+                self.forget(key)
+            elif tip != self.tips.get(key):
+                await self.reconcile_task(repo, key[1])
+
+    def forget(self, key: Key) -> None:
+        """A task ref is gone (archived or deleted): drop what we kept about it."""
+        self.active.discard(key)
+        self.tips.pop(key, None)
+        self.core.pending.pop(key, None)
+        self.repos.ledger(key[0]).forget(key[1])
 
     async def reconcile_task(self, repo: str, task_id: str) -> None:
         async with self.locks.of((repo, task_id)):
@@ -121,6 +171,12 @@ class TaskScheduler:
     ) -> list[scheduler.Effect]:
         key = (repo, view.task_id)
         self.tips[key] = view.tip
+        if view.state in taskcore.TERMINAL:
+            self.active.discard(key)
+        else:
+            self.active.add(key)
+        if view.state not in scheduler.HELD and view.state != taskcore.SUBMITTED:
+            self.lease_over(repo, view)  # final or queued again: retract its assignment
         self.watch_lease(key, view)
         effects = self.core.observe(
             repo,

@@ -1,4 +1,5 @@
-"""`kovanex task new|show|list|logs|cancel|retry`: read and write task state in git."""
+"""`kovanex task new|show|list|logs|cancel|retry|archive|restore`: read and write task
+state in git."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kovanex import config as cfgmod
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core import task as taskcore
-from kovanex.gitstate.refs import task_ref
+from kovanex.gitstate.refs import archive_ref, task_ref
 from kovanex.paths import templates_dir
 
 if TYPE_CHECKING:
@@ -37,11 +38,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_format(s)
     s.set_defaults(func=cmd_show)
 
-    ls = ts.add_parser("list", help="every task on the node")
+    ls = ts.add_parser("list", help="the tasks on the node, a page at a time")
     ls.add_argument("--repo")
     ls.add_argument("--state", help="only tasks in this state")
+    ls.add_argument("--archived", action="store_true", help="archived tasks too")
+    ls.add_argument("--limit", type=int, default=100, help="page size (0: every task)")
+    ls.add_argument("--offset", type=int, default=0, help="skip this many matching tasks")
     add_format(ls)
     ls.set_defaults(func=cmd_list)
+
+    a = ts.add_parser("archive", help="move finished tasks to refs/kovanex/archive/")
+    a.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 0s")
+    a.add_argument("--repo")
+    a.set_defaults(func=cmd_archive)
+
+    rs = ts.add_parser("restore", help="bring an archived task back to refs/heads/task/")
+    rs.add_argument("id")
+    rs.add_argument("--repo")
+    rs.set_defaults(func=cmd_restore)
 
     lg = ts.add_parser("logs", help="step output; --follow streams it live")
     lg.add_argument("id")
@@ -67,30 +81,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_wait)
 
 
-def _ledger(layout: cfgmod.Layout, repo: str) -> TaskLedger:
+def _ledger(layout: cfgmod.Layout, repo: str, archived: bool = False) -> TaskLedger:
     from kovanex.gitstate.ledger import TaskLedger
     from kovanex.gitstate.pygit2store import Pygit2Store
 
-    return TaskLedger(Pygit2Store(str(layout.repo(repo))), node="cli")
+    store = Pygit2Store(str(layout.repo(repo)))
+    return TaskLedger(store, node="cli", ref_of=archive_ref if archived else task_ref)
 
 
-def find_task(layout: cfgmod.Layout, task_id: str, repo: str | None) -> tuple[str, TaskLedger]:
+def _repos(layout: cfgmod.Layout, repo: str | None) -> list[str]:
     if repo:
         if not layout.repo(repo).exists():
             raise CliError(f"no repo {repo} at {layout.repos}; see `kovanex repo list`")
-        led = _ledger(layout, repo)
-        if led.store.get_ref(task_ref(task_id)) is None:
-            raise CliError(f"no task {task_id} in repo {repo}; see `kovanex task list`")
-        return repo, led
+        return [repo]
+    return (
+        [p.name[:-4] for p in sorted(layout.repos.glob("*.git"))] if layout.repos.exists() else []
+    )
+
+
+def find_task(
+    layout: cfgmod.Layout, task_id: str, repo: str | None, archived_ok: bool = True
+) -> tuple[str, TaskLedger]:
+    """The repo and a ledger for a task; an archived task (read-only) when no live one
+    exists and `archived_ok`."""
     hits = []
-    for p in sorted(layout.repos.glob("*.git")) if layout.repos.exists() else []:
-        led = _ledger(layout, p.name[:-4])
-        if led.store.get_ref(task_ref(task_id)) is not None:
-            hits.append((p.name[:-4], led))
+    for name in _repos(layout, repo):
+        led = _ledger(layout, name)
+        if led.tip(task_id) is None:
+            led = _ledger(layout, name, archived=True)
+            if led.tip(task_id) is None:
+                continue
+            if not archived_ok:
+                raise CliError(
+                    f"task {task_id} is archived in repo {name}; "
+                    f"`kovanex task restore {task_id}` first"
+                )
+        hits.append((name, led))
     if not hits:
+        where = f"in repo {repo}" if repo else f"on the node at {layout.root}"
         raise CliError(
-            f"no task {task_id} on the node at {layout.root}; push branch task/{task_id} "
-            "first, or pass --data for another node"
+            f"no task {task_id} {where}; push branch task/{task_id} first, see "
+            "`kovanex task list --archived`, or pass --data for another node"
         )
     if len(hits) > 1:
         names = ", ".join(h[0] for h in hits)
@@ -151,6 +182,7 @@ def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
         "attempt": view.attempt,
         "reason": view.reason,
         "tip": view.tip,
+        "archived": led.ref_of is not task_ref,
         "kind": spec.kind if spec else None,
         "steps": steps,
         "placements": placements,
@@ -164,7 +196,9 @@ def cmd_show(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         emit_json(d)
         return 0
     print(
-        f"task {d['id']} ({d['repo']}): {d['state']}" + (f" - {d['reason']}" if d["reason"] else "")
+        f"task {d['id']} ({d['repo']}): {d['state']}"
+        + (" (archived)" if d["archived"] else "")
+        + (f" - {d['reason']}" if d["reason"] else "")
     )
     print(
         f"  node {d['node'] or '-'}  epoch {d['epoch']}  attempt {d['attempt']}  tip {d['tip'][:12]}"
@@ -175,37 +209,103 @@ def cmd_show(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+def list_rows(layout: cfgmod.Layout, repo: str, archived: bool) -> list[dict[str, Any]]:
+    """Every task of a repo from one for-each-ref (the tips' trailers); only a tip that
+    is a user commit (a resubmission) needs its history, for the epoch."""
+    from kovanex.gitstate.archive import read_tips
+
     rows = []
-    repos = [args.repo] if args.repo else [p.name[:-4] for p in sorted(layout.repos.glob("*.git"))]
-    for repo in repos:
-        led = _ledger(layout, repo)
-        for tid in led.list_tasks():
-            v = led.read(tid)
-            if args.state and v.state != args.state:
-                continue
-            rows.append(
-                {
-                    "id": tid,
-                    "repo": repo,
-                    "state": v.state,
-                    "node": v.node,
-                    "epoch": v.epoch,
-                    "reason": v.reason,
-                }
-            )
+    led: TaskLedger | None = None
+    for t in read_tips(layout.repo(repo), live=True, archived=archived):
+        tr = t.transition
+        node, epoch, reason = (tr.node, tr.epoch, tr.reason) if tr else ("", 0, "")
+        if t.needs_history:
+            led = led or _ledger(layout, repo)
+            led.ref_of = archive_ref if t.archived else task_ref
+            epoch = led.read(t.task_id).epoch
+        rows.append(
+            {
+                "id": t.task_id,
+                "repo": repo,
+                "state": t.state,
+                "node": node,
+                "epoch": epoch,
+                "reason": reason,
+                "archived": t.archived,
+            }
+        )
+    return rows
+
+
+def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    if args.limit < 0 or args.offset < 0:
+        raise CliError("--limit and --offset must be >= 0")
+    rows = [
+        r
+        for repo in _repos(layout, args.repo)
+        for r in list_rows(layout, repo, args.archived)
+        if not args.state or r["state"] == args.state
+    ]
+    total = len(rows)
+    end = args.offset + args.limit if args.limit else total
+    rows = rows[args.offset : end]
     if args.format == "json":
         emit_json(rows)
-    else:
-        print(
-            table(
-                [
-                    (r["id"], r["repo"], r["state"], r["node"] or "-", r["epoch"], r["reason"])
-                    for r in rows
-                ],
-                ["TASK", "REPO", "STATE", "NODE", "EPOCH", "REASON"],
-            )
+        return 0
+    print(
+        table(
+            [
+                (
+                    r["id"] + (" (archived)" if r["archived"] else ""),
+                    r["repo"],
+                    r["state"],
+                    r["node"] or "-",
+                    r["epoch"],
+                    r["reason"],
+                )
+                for r in rows
+            ],
+            ["TASK", "REPO", "STATE", "NODE", "EPOCH", "REASON"],
         )
+    )
+    if end < total:
+        print(
+            f"({args.offset + 1}-{end} of {total}; --offset {end} for the next page, "
+            "--limit 0 for all)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_archive(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex.gitstate import archive
+
+    try:
+        age = cfgmod.parse_duration(args.older_than)
+    except ValueError as e:
+        raise CliError(f"--older-than: {e}") from None
+    now = time.time()
+    total = 0
+    for repo in _repos(layout, args.repo):
+        path = layout.repo(repo)
+        moved = archive.archive(path, archive.due(archive.read_tips(path), now, age))
+        total += len(moved)
+        print(f"{repo}: archived {len(moved)} finished task(s)")
+    print(f"archived {total}; `kovanex task show ID` still reads them, `task restore ID` undoes")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex.gitstate import archive
+
+    repo, led = find_task(layout, args.id, args.repo)
+    if led.ref_of is task_ref:
+        raise CliError(f"task {args.id} is not archived (repo {repo})")
+    try:
+        tip = archive.restore(layout.repo(repo), args.id)
+    except (LookupError, ValueError) as e:
+        raise CliError(str(e)) from None
+    print(f"task {args.id} restored to task/{args.id} at {tip[:12]} (repo {repo})")
     return 0
 
 
@@ -250,12 +350,12 @@ def cmd_logs(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    repo, led = find_task(layout, args.id, args.repo)
+    repo, led = find_task(layout, args.id, args.repo, archived_ok=False)
     return _transition(led, args.id, lambda v: taskcore.cancel(v, args.reason), "cancelled")
 
 
 def cmd_retry(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    repo, led = find_task(layout, args.id, args.repo)
+    repo, led = find_task(layout, args.id, args.repo, archived_ok=False)
     return _transition(led, args.id, taskcore.retry, "queued again")
 
 

@@ -122,6 +122,7 @@ class Membership:
         self._dead: set[str] = set()  # names currently DEAD (reconnect candidates)
         self.tombstones: dict[str, tuple[int, float, str]] = {}  # name -> (inc, since, status)
         self.app: dict[tuple[str, str], AppData] = {}
+        self._app_gone: dict[tuple[str, str], float] = {}  # value None: a tombstone, since
         self._app_clock = 0
         self.mq = BroadcastQueue()
         self.aq = BroadcastQueue()
@@ -188,7 +189,9 @@ class Membership:
         return self._finish(fx)
 
     def publish(self, now: float, topic: str, key: str, value: Any) -> list[Effect]:
-        """Set (topic, key) = value cluster-wide; last writer wins by (version, origin)."""
+        """Set (topic, key) = value cluster-wide; last writer wins by (version, origin).
+        A None value is a tombstone: it spreads like a value, then is reaped after
+        `tombstone_ttl`, so keys of finished work do not pile up forever."""
         old = self.app.get((topic, key))
         self._app_clock = max(self._app_clock, old.version if old else 0) + 1
         entry = AppData(topic, key, value, self.name, self._app_clock)
@@ -465,6 +468,11 @@ class Membership:
         for n, (_, since, _) in list(self.tombstones.items()):
             if now - since >= p.tombstone_ttl:
                 del self.tombstones[n]
+        for k in [k for k, a in self.app.items() if a.value is None]:
+            if now - self._app_gone.setdefault(k, now) >= p.tombstone_ttl:
+                del self.app[k], self._app_gone[k]
+        for k in [k for k in self._app_gone if k not in self.app or self.app[k].value is not None]:
+            del self._app_gone[k]  # set again since
 
     # ---------------------------------------------------------- messages
     def _dispatch(self, now: float, addr: Addr, msg: Msg, fx: list[Effect]) -> None:

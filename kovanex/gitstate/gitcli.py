@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex.gitstate.refs import HIDDEN
+
 ZERO = "0" * 40
 
 # Timeouts, gathered here (seconds). LOCAL: a command on a local repo. NETWORK: a
@@ -275,6 +277,11 @@ def rev_parse(git_dir: Path | str, rev: str) -> str | None:
     return r.stdout.strip() or None if r.ok else None
 
 
+# Archived task refs are hidden from a client's push and fetch advertisement, so a push
+# to a repo with 10,000 finished tasks advertises what a fresh repo does (refs.HIDDEN).
+HIDE_CONFIG = tuple(
+    (key, prefix) for prefix in HIDDEN for key in ("receive.hideRefs", "uploadpack.hideRefs")
+)
 # Config every bare repo Kovanex serves gets: push options reach the hooks, objects are
 # checked on receive, reflogs kept for forensics, and no gc racing the agent.
 BARE_CONFIG = (
@@ -282,7 +289,19 @@ BARE_CONFIG = (
     ("receive.fsckObjects", "true"),
     ("core.logAllRefUpdates", "true"),
     ("gc.auto", "0"),
+    *HIDE_CONFIG,
 )
+
+
+def ensure_hidden(path: Path | str) -> bool:
+    """Give a repo made before archiving existed its hideRefs lines (agent start); True if
+    it lacked any. One `git config` read when nothing is missing."""
+    have = run(["config", "--get-regexp", r"\.hiderefs$"], git_dir=path, check=False).stdout
+    lines = set(have.splitlines())
+    missing = [(k, v) for k, v in HIDE_CONFIG if f"{k.lower()} {v}" not in lines]
+    for key, val in missing:
+        run(["config", "--add", key, val], git_dir=path)
+    return bool(missing)
 
 
 def create_bare(

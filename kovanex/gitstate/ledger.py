@@ -9,6 +9,7 @@ is refused, a writer who lost a race gets CasConflict and must re-read (never re
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kovanex.core import task as core
@@ -68,16 +69,23 @@ def transition_of(message: str) -> Transition | None:
 
 
 class TaskLedger:
-    def __init__(self, store: RefStore, node: str, time: int | None = None) -> None:
+    def __init__(
+        self,
+        store: RefStore,
+        node: str,
+        time: int | None = None,
+        ref_of: Callable[[str], str] = task_ref,
+    ) -> None:
         self.store = store
         self.node = node
+        self.ref_of = ref_of  # archive_ref: read a task the agent archived (task show)
         self._time = time  # fixed commit time for reproducible oids in tests; None = now
         self._views: dict[str, TaskView] = {}
         safe = _IDENT_SAFE.sub("-", node) or "node"
         self.author = (f"kovanex {safe}", f"kovanex+{safe}@localhost")
 
     def tip(self, task_id: str) -> str | None:
-        return self.store.get_ref(task_ref(task_id))
+        return self.store.get_ref(self.ref_of(task_id))
 
     def read(self, task_id: str) -> TaskView:
         tip = self.tip(task_id)
@@ -103,6 +111,11 @@ class TaskLedger:
         self._views[task_id] = view
         return view
 
+    def forget(self, task_id: str) -> None:
+        """Drop the cached view of a task whose ref is gone (archived): memory follows the
+        live tasks, not history."""
+        self._views.pop(task_id, None)
+
     def spec_bytes(self, task_id: str) -> bytes | None:
         tip = self.tip(task_id)
         return None if tip is None else self.store.read_file(tip, SPEC_PATH)
@@ -119,7 +132,7 @@ class TaskLedger:
         body: str = "",
     ) -> str:
         """Write one transition commit on `expected_tip`; returns the new tip."""
-        ref = task_ref(task_id)
+        ref = self.ref_of(task_id)
         actual = self.store.get_ref(ref)
         if actual != expected_tip:
             raise CasConflict(ref, expected_tip, actual)

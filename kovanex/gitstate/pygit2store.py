@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pygit2
 
+from kovanex.gitstate import gitcli
 from kovanex.gitstate.store import (
     CasConflict,
     CommitInfo,
@@ -86,14 +87,18 @@ class Pygit2Store:
             raise exc
 
     def refs(self, prefix: str) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name in self.repo.references:
-            if not name.startswith(prefix):
-                continue
-            ref = self.repo.references.get(name)
-            if ref is not None and ref.type == pygit2.enums.ReferenceType.DIRECT:
-                out[name] = str(ref.target)
-        return dict(sorted(out.items()))
+        """Direct refs under `prefix`, by one `git for-each-ref` on the prefix's directory:
+        libgit2 can only iterate every ref of the repo, and a repo holds 10,000 archived
+        task refs beside the few live ones (ADR 0030)."""
+        pattern = prefix[: prefix.rfind("/") + 1] if "/" in prefix else ""
+        args = ["for-each-ref", "--format=%(objectname) %(refname) %(symref)"]
+        out = gitcli.run(args + ([pattern] if pattern else []), git_dir=self.repo.path)
+        found: dict[str, str] = {}
+        for line in out.stdout.splitlines():
+            oid, name, symref = (line.split(" ") + ["", ""])[:3]
+            if name.startswith(prefix) and not symref:
+                found[name] = oid
+        return dict(sorted(found.items()))
 
     # ---- objects ----
 

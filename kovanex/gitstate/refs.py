@@ -13,6 +13,8 @@ Layout:
 - `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
   the new owner lacks (forensics; never mirrored).
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
+- `refs/kovanex/archive/<id>`: a finished task's branch after archiving (`archive_ref`);
+  hidden from clients' ref advertisement (`HIDDEN`), replicated like task refs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
 LOST = "refs/kovanex/lost/"
 SKIP_PREFIX = "refs/kovanex/skip/"
+ARCHIVE = "refs/kovanex/archive/"
+# Namespaces a client's push or fetch never sees advertised (receive/uploadpack.hideRefs),
+# so their cost does not grow with history; cluster peers see them (githttp unhides).
+HIDDEN = (ARCHIVE,)
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -43,18 +49,35 @@ def valid_task_id(task_id: str) -> bool:
     )
 
 
-def task_ref(task_id: str) -> str:
+def _ref_of(prefix: str, task_id: str) -> str:
     if not valid_task_id(task_id):
         raise ValueError(f"invalid task id {task_id!r}")
-    return TASK_PREFIX + task_id
+    return prefix + task_id
+
+
+def _id_of(prefix: str, ref: str) -> str | None:
+    if not ref.startswith(prefix):
+        return None
+    tid = ref[len(prefix) :]
+    return tid if valid_task_id(tid) else None
+
+
+def task_ref(task_id: str) -> str:
+    return _ref_of(TASK_PREFIX, task_id)
 
 
 def task_id_of(ref: str) -> str | None:
     """The task id of a task ref, None for any other ref (including a nested task/a/b)."""
-    if not ref.startswith(TASK_PREFIX):
-        return None
-    tid = ref[len(TASK_PREFIX) :]
-    return tid if valid_task_id(tid) else None
+    return _id_of(TASK_PREFIX, ref)
+
+
+def archive_ref(task_id: str) -> str:
+    return _ref_of(ARCHIVE, task_id)
+
+
+def archived_id_of(ref: str) -> str | None:
+    """The task id of an archive ref, None for any other ref."""
+    return _id_of(ARCHIVE, ref)
 
 
 def lost_ref(epoch: int, ref: str) -> str:
@@ -72,6 +95,8 @@ def mirrored(refs: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "ARCHIVE",
+    "HIDDEN",
     "HEADS",
     "KOVANEX",
     "LOST",
@@ -82,6 +107,8 @@ __all__ = [
     "STAGING_REFS",
     "SYNC_STAGING",
     "TASK_PREFIX",
+    "archive_ref",
+    "archived_id_of",
     "lost_ref",
     "mirrored",
     "sync_staging_ref",

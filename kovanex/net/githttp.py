@@ -27,6 +27,7 @@ from urllib.parse import parse_qs
 
 import h11
 
+from kovanex.gitstate.refs import HIDDEN
 from kovanex.net.http11 import (
     IO_CHUNK,
     Exchange,
@@ -34,7 +35,13 @@ from kovanex.net.http11 import (
     HttpRequest,
     HttpResponse,
 )
-from kovanex.net.httpauth import Principal, authenticate, git_scope, refusal_advertisement
+from kovanex.net.httpauth import (
+    NODE,
+    Principal,
+    authenticate,
+    git_scope,
+    refusal_advertisement,
+)
 from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.githttp")
@@ -184,7 +191,13 @@ class GitHttpServer:
         if req.method not in ("GET", "HEAD", "POST"):
             raise HttpError(405)
         async with self._backends:
-            await self._cgi(ex, req, f"/{name}.git{rest}", who.name)
+            await self._cgi(
+                ex,
+                req,
+                f"/{name}.git{rest}",
+                who.name,
+                unhide=who.scope == NODE,  # replicas and runners see archived refs too
+            )
 
     def _auth(self, req: HttpRequest) -> Principal | Refused | None:
         return authenticate(req.headers.get("authorization", ""), self.token, self.users)
@@ -238,11 +251,16 @@ class GitHttpServer:
         await ex.respond(HttpResponse(status, dict(headers), payload))
 
     # -- CGI -----------------------------------------------------------------------------
-    def _cgi_env(self, req: HttpRequest, path_info: str, user: str) -> dict[str, str]:
+    def _cgi_env(
+        self, req: HttpRequest, path_info: str, user: str, unhide: bool = False
+    ) -> dict[str, str]:
         addr = req.peer
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
         n = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
-        for key, val in (("http.receivepack", "true"), ("http.uploadpack", "true")):
+        config = [("http.receivepack", "true"), ("http.uploadpack", "true")]
+        if unhide:  # the last matching hideRefs line wins: "!" exposes what the repo hides
+            config += [("uploadpack.hideRefs", "!" + prefix) for prefix in HIDDEN]
+        for key, val in config:
             env[f"GIT_CONFIG_KEY_{n}"] = key
             env[f"GIT_CONFIG_VALUE_{n}"] = val
             n += 1
@@ -277,14 +295,16 @@ class GitHttpServer:
             env["GIT_PROTOCOL"] = req.headers["git-protocol"]
         return env
 
-    async def _cgi(self, ex: Exchange, req: HttpRequest, path_info: str, user: str) -> None:
+    async def _cgi(
+        self, ex: Exchange, req: HttpRequest, path_info: str, user: str, unhide: bool = False
+    ) -> None:
         proc = await asyncio.create_subprocess_exec(
             self.git,
             "http-backend",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=self._cgi_env(req, path_info, user),
+            env=self._cgi_env(req, path_info, user, unhide),
             cwd=str(self.repos_dir),
         )
         self._procs.add(proc)

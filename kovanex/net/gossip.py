@@ -157,7 +157,10 @@ class GossipNode:
         return None if e is None else e.value
 
     def items(self, topic: str) -> dict[str, Any]:
-        return {k: e.value for (t, k), e in self.core.app.items() if t == topic}
+        """Live keys of a topic (a None value is a tombstone: not listed)."""
+        return {
+            k: e.value for (t, k), e in self.core.app.items() if t == topic and e.value is not None
+        }
 
     # ------------------------------------------------------------- commands
     def force_leave(self, name: str) -> None:

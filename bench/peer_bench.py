@@ -1,0 +1,246 @@
+"""Issue 11 part 6: Kovanex beside the task queues a Python user would pick instead.
+
+The same work everywhere: 300 tasks that each spawn `sh -c true`, on 2 workers, in one
+run (so all see the same machine load):
+- Kovanex: a node with 2 runners and `init` defaults; the 300 tasks are one HTTP push of
+  300 one-step branches (`run = "true"`, which the runner starts as `/bin/sh -c true`),
+  timed until the last task has `succeeded`;
+- celery (redis broker: Debian's `redis-server`, started by the bench on a free port;
+  prefork pool, concurrency 2);
+- huey (SQLite storage, 2 thread workers).
+tasks/s is 300 over the time from the first enqueue to the last task done. Enqueue → start
+is measured one task at a time (enqueue, wait for it to finish, repeat), so it is the
+latency of an idle queue, not the backlog: a peer's task notes its own start; a Kovanex
+step's start is its node log file's creation (the runner opens it before it spawns).
+
+celery, huey and the redis client are the `bench` extra (`pip install -e '.[bench]'`),
+redis-server a Debian package; `make bench-peers` installs both.
+
+Run: .venv/bin/python -m bench.peer_bench [--tasks 300] [--latency 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import (
+    install_cleanup,
+    kx,
+    md_table,
+    p50,
+    pct,
+    sandbox,
+    sh,
+    spawn,
+    start_agent,
+    stop,
+    wait,
+)
+from kovanex import config as cfgmod
+
+SPEC = '[[steps]]\nname = "s"\nrun = "true"\n'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def count(d: Path, suffix: str) -> int:
+    return sum(1 for p in d.iterdir() if p.name.endswith(suffix))
+
+
+def run_queue(
+    d: Path, enqueue: Callable[[str], None], n: int, lat_n: int
+) -> tuple[float, list[float]]:
+    """tasks/s for `n` enqueued back to back, then `lat_n` one-at-a-time latencies."""
+    enqueue("warm")
+    wait(lambda: (d / "warm.done").exists(), 120)
+    t0 = time.perf_counter()
+    for i in range(n):
+        enqueue(f"t{i}")
+    wait(lambda: count(d, ".done") >= n + 1, 600)
+    rate = n / (time.perf_counter() - t0)
+    lat = []
+    for i in range(lat_n):
+        sent = time.time()
+        enqueue(f"l{i}")
+        wait(lambda i=i: (d / f"l{i}.done").exists(), 60)
+        lat.append(float((d / f"l{i}.start").read_text()) - sent)
+    return rate, lat
+
+
+def celery_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit(
+            "bench: redis-server is not installed; `apt-get install redis-server` "
+            "(Debian's package) or `make bench-peers`"
+        )
+    port = free_port()
+    redis = spawn(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=open(root / "redis.log", "ab"),
+        stderr=open(root / "redis.log", "ab"),
+    )
+    d = root / "celery"
+    d.mkdir()
+    env = {
+        **os.environ,
+        "PEER_APP": "celery",
+        "PEER_DIR": str(d),
+        "PEER_BROKER": f"redis://127.0.0.1:{port}/0",
+    }
+    os.environ.update({k: env[k] for k in ("PEER_DIR", "PEER_BROKER")})
+    worker = None
+    try:
+        import redis as redislib
+
+        wait(lambda: _pings(redislib, port), 30)
+        celery = shutil.which("celery", path=os.path.dirname(sys.executable)) or "celery"
+        cmd = [celery, "-A", "bench.peer_apps", "worker", "-P", "prefork", "-c", "2"]
+        worker = spawn(
+            [*cmd, "--loglevel", "WARNING", "--without-gossip", "--without-mingle"],
+            env=env,
+            stdout=open(root / "celery.log", "ab"),
+            stderr=open(root / "celery.log", "ab"),
+        )
+        from bench.peer_apps import celery_app
+
+        _, task = celery_app()
+        return run_queue(d, lambda tid: task.delay(tid), n, lat_n)
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(redis)
+
+
+def _pings(redislib, port: int) -> bool:  # noqa: ANN001
+    try:
+        return bool(redislib.Redis(port=port).ping())
+    except redislib.exceptions.ConnectionError:
+        return False
+
+
+def huey_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+    d = root / "huey"
+    d.mkdir()
+    env = {
+        **os.environ,
+        "PEER_APP": "huey",
+        "PEER_DIR": str(d),
+        "PEER_HUEY_DB": str(root / "huey.db"),
+    }
+    os.environ.update({k: env[k] for k in ("PEER_DIR", "PEER_HUEY_DB")})
+    consumer = shutil.which("huey_consumer", path=os.path.dirname(sys.executable))
+    worker = spawn(
+        [consumer or "huey_consumer", "bench.peer_apps.huey", "-w", "2", "-k", "thread"],
+        env=env,
+        stdout=open(root / "huey.log", "ab"),
+        stderr=open(root / "huey.log", "ab"),
+    )
+    try:
+        from bench.peer_apps import huey_app
+
+        _, task = huey_app()
+        return run_queue(d, lambda tid: task(tid), n, lat_n)
+    finally:
+        stop(worker)
+
+
+def kovanex_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+    data = root / "kx"
+    name = f"peer{os.getpid() % 100000}"
+    agent = start_agent(data, name, 2)
+    try:
+        kx(data, "repo", "create", "peer")
+        secret = cfgmod.read_token(cfgmod.Layout(data))
+        bind = tomllib.loads((data / "kovanex.toml").read_text())["http"]["bind"]
+        url = f"http://{bind}/git/peer.git"
+        auth = ["-c", f"http.extraHeader=Authorization: Bearer {secret}"]
+        work = root / "kw"
+        sh("git", "init", "-q", str(work))
+        (work / ".kovanex").mkdir()
+        (work / ".kovanex" / "task.toml").write_text(SPEC)
+        sh("git", "add", "-A", cwd=work)
+        sh("git", "commit", "-q", "-m", "t", cwd=work)
+        repo = data / "repos" / "peer.git"
+        logs = data / "logs" / "peer"
+
+        def done(tid: str) -> bool:
+            out = sh("git", "--git-dir", str(repo), "log", "-1", "--format=%B", f"task/{tid}")
+            return "Kovanex-State: succeeded" in out
+
+        def all_done(ids: list[str]) -> bool:
+            fmt = "--format=%(refname:lstrip=3) %(trailers:key=Kovanex-State,valueonly)"
+            out = sh("git", "--git-dir", str(repo), "for-each-ref", fmt, "refs/heads/task/")
+            ok = {ln.split()[0] for ln in out.splitlines() if ln.endswith("succeeded")}
+            return ok >= set(ids)
+
+        sh("git", *auth, "push", "-q", url, "HEAD:refs/heads/task/warm", cwd=work)
+        wait(lambda: done("warm"), 120)
+        ids = [f"t{i}" for i in range(n)]
+        for tid in ids:
+            sh("git", "branch", "-q", f"task/{tid}", cwd=work)
+        t0 = time.perf_counter()
+        sh("git", *auth, "push", "-q", url, *[f"task/{t}" for t in ids], cwd=work)
+        wait(lambda: all_done(ids), 900)
+        rate = n / (time.perf_counter() - t0)
+        lat = []
+        for i in range(lat_n):
+            sh("git", "commit", "-q", "--allow-empty", "-m", f"l{i}", cwd=work)
+            sent = time.time()
+            sh("git", *auth, "push", "-q", url, f"HEAD:refs/heads/task/l{i}", cwd=work)
+            wait(lambda i=i: done(f"l{i}"), 60)
+            (log,) = (logs / f"l{i}").glob("*.log")
+            lat.append(log.stat().st_mtime - sent)
+        return rate, lat
+    finally:
+        stop(agent)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=300)
+    ap.add_argument("--latency", type=int, default=20)
+    ap.add_argument("--peers", default="kovanex,celery,huey")
+    a = ap.parse_args()
+    install_cleanup()
+    root = sandbox("kx-peers-")
+    runs = {"kovanex": kovanex_run, "celery": celery_run, "huey": huey_run}
+    res = {}
+    for peer in a.peers.split(","):
+        print(f"bench: {peer} ...", file=sys.stderr, flush=True)
+        res[peer] = runs[peer](root, a.tasks, a.latency)
+    base = res.get("kovanex")
+    rows = []
+    for peer, (rate, lat) in res.items():
+        rows.append(
+            [
+                f"{peer} tasks/s",
+                f"{rate:.1f}",
+                f"{rate / base[0]:.2f}× kovanex" if base else "",
+                f"{1000 * p50(lat):.1f}",
+                f"{1000 * pct(lat, 95):.1f}",
+            ]
+        )
+    print(f"load average {os.getloadavg()[0]:.2f} (shared host)", file=sys.stderr)
+    print(
+        md_table(
+            ["figure", "value", "ratio", "enqueue→start p50 (ms)", "p95 (ms)"],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Per-repo housekeeping on the owner: archive finished tasks older than
+`[maintenance] archive_after`, and run `git maintenance` every `[maintenance] every`
+(ADR 0031). When is the pure core's (`core/upkeep.py`); this service carries it out.
+
+The last runs are kept in `<data>/upkeep.json`, so a restart does not repack every repo
+again. The work is local git in a worker thread or a git child, never under a task lock:
+archiving is compare-and-swap on each tip (gitstate/archive.py), so a task resubmitted
+meanwhile stays where it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.repos import RepoIndex
+from kovanex.core import upkeep
+from kovanex.gitstate import archive, gitcli
+
+log = logging.getLogger("kovanex.agent")
+# pack-refs: archived refs leave the loose-ref directory; loose-objects: one transition
+# commit is one loose object; commit-graph and incremental-repack keep walks and packs
+# from growing with history. Never `gc`: it would prune what a replica still stages.
+MAINTENANCE_TASKS = ("pack-refs", "loose-objects", "commit-graph")
+MAINTENANCE_TIMEOUT_S = 1800.0
+RECHECK_S = 60.0  # a new repo is picked up within this
+
+
+def release_memory() -> None:
+    """After a pass over every task of a big repo (a first start, an archive run), give
+    the freed heap back: Python and glibc keep it otherwise, and idle RSS would carry a
+    one-off peak for the agent's lifetime."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
+
+
+def maintenance_commands(path: Path) -> list[list[str]]:
+    """`git maintenance` runs its tasks in its own order, incremental-repack first, which
+    fails on a repo with no pack yet; so: the tasks, then drop the loose objects the
+    loose-objects task just packed (it only drops them on its next run), then the repack."""
+    out = [["maintenance", "run", *[f"--task={t}" for t in MAINTENANCE_TASKS]]]
+    out.append(["prune-packed", "--quiet"])
+    out.append(["maintenance", "run", "--task=incremental-repack"])
+    return out
+
+
+class UpkeepService:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        repos: RepoIndex,
+        forget: Callable[[tuple[str, str]], None],
+        state_file: Path,
+    ) -> None:
+        self.ctx = ctx
+        self.repos = repos
+        self.forget = forget  # the scheduler drops what it kept about an archived task
+        self.state_file = state_file
+        self.archive_after = cfgmod.parse_duration(ctx.cfg.archive_after)
+        every = cfgmod.parse_duration(ctx.cfg.maintenance_every)
+        self.core = upkeep.Upkeep(self.archive_after, every, self._load())
+        self.runs = 0  # jobs carried out (kovanex status, tests)
+
+    def _load(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.state_file.read_text())
+            return {str(k): float(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.core.last, sort_keys=True))
+        tmp.replace(self.state_file)
+
+    async def run_due(self) -> int:
+        """Carry out every job due now; returns how many ran."""
+        n = 0
+        for job in self.core.due(self.ctx.clock.time(), self.repos.owned()):
+            try:
+                await self._do(job)
+            except Exception as e:  # noqa: BLE001 - retried at its next interval
+                log.warning("%s: %s failed: %s", job.repo, job.kind, e)
+            self.core.done(job, self.ctx.clock.time())
+            n += 1
+        if n:
+            self.runs += n
+            await asyncio.to_thread(self._save)
+        return n
+
+    async def _do(self, job: upkeep.Job) -> None:
+        path = self.repos.path(job.repo)
+        if not path.exists():
+            return
+        if job.kind == upkeep.ARCHIVE:
+            now = self.ctx.clock.time()
+            tips = await asyncio.to_thread(archive.read_tips, path)
+            due = archive.due(tips, now, self.archive_after)
+            moved = await asyncio.to_thread(archive.archive, path, due) if due else []
+            for task_id in moved:
+                self.forget((job.repo, task_id))
+            if moved:
+                log.info("%s: archived %d finished task(s)", job.repo, len(moved))
+                release_memory()
+        else:
+            for args in maintenance_commands(path):
+                await gitcli.run_async(args, git_dir=path, timeout=MAINTENANCE_TIMEOUT_S)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.run_due()
+            except Exception:
+                log.exception("upkeep failed")
+            wait = self.core.next_due(self.ctx.clock.time(), self.repos.owned())
+            await asyncio.sleep(min(max(wait, 1.0), RECHECK_S))

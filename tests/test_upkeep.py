@@ -1,0 +1,123 @@
+"""Housekeeping (ADR 0031): the schedule is pure and driven by a fake clock; the service
+archives and runs `git maintenance` on a real repo and survives a restart; gossip keys of
+finished work are tombstoned and then reaped."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from bench.seed import seed
+from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.repos import RepoIndex
+from kovanex.agent.upkeep import UpkeepService
+from kovanex.core import upkeep
+from kovanex.core.gossip_profiles import profile
+from kovanex.core.membership import Membership
+from kovanex.gitstate import gitcli
+from kovanex.testing import FakeClock
+from tests.agentkit import fsck
+
+DAY = 86400.0
+
+
+def test_schedule_runs_each_job_once_per_interval_and_new_repos_at_once() -> None:
+    clock = FakeClock()
+    u = upkeep.Upkeep(archive_after_s=7 * DAY, maintenance_every_s=3600)
+    now = clock.time()
+    assert u.due(now, ["a"]) == [upkeep.Job("a", "archive"), upkeep.Job("a", "maintenance")]
+    for job in u.due(now, ["a"]):
+        u.done(job, now)
+    assert u.due(now, ["a"]) == []
+    assert u.next_due(now, ["a"]) == 3600  # archive checks are at most hourly too
+    clock.advance(3599)
+    assert u.due(clock.time(), ["a"]) == []
+    assert u.due(clock.time(), ["a", "b"]) == [
+        upkeep.Job("b", "archive"),
+        upkeep.Job("b", "maintenance"),
+    ]
+    clock.advance(1)
+    assert {j.kind for j in u.due(clock.time(), ["a"])} == {"archive", "maintenance"}
+    # a short archive age checks more often, never more than once a minute
+    assert upkeep.archive_every(0) == 60 and upkeep.archive_every(600) == 600
+    # a restart with the saved record: nothing is due again
+    again = upkeep.Upkeep(7 * DAY, 3600, dict(u.last))
+    assert again.due(now, ["a"]) == []
+
+
+def service(tmp_path: Path, clock: FakeClock) -> tuple[UpkeepService, list, Path]:
+    layout = cfgmod.Layout(tmp_path / "n1")
+    layout.repos.mkdir(parents=True, exist_ok=True)
+    repo = layout.repo("r")
+    if not repo.exists():
+        gitcli.create_bare(repo)
+    cfg = cfgmod.NodeConfig(name="n1", archive_after="7d", maintenance_every="1h")
+    ctx = NodeContext(layout, cfg, token="t", clock=clock)
+    forgot: list = []
+    return (
+        UpkeepService(ctx, RepoIndex(layout, "n1"), forgot.append, layout.upkeep_file),
+        forgot,
+        repo,
+    )
+
+
+def test_service_archives_old_tasks_runs_maintenance_and_remembers(tmp_path: Path) -> None:
+    import time
+
+    clock = FakeClock(wall=time.time())  # the seeded commits carry real dates
+    svc, forgot, repo = service(tmp_path, clock)
+    seed(repo, 5, prefix="old", age_s=30 * DAY)
+    seed(repo, 2, prefix="new", age_s=0)
+    assert asyncio.run(svc.run_due()) == 2
+    assert sorted(forgot) == [("r", f"old{i}") for i in range(5)]
+    assert set(gitcli.for_each_ref(repo, "refs/heads/task/")) == {
+        "refs/heads/task/new0",
+        "refs/heads/task/new1",
+    }
+    assert len(gitcli.for_each_ref(repo, "refs/kovanex/archive/")) == 5
+    # maintenance ran: refs packed, objects packed (no loose commits), a commit-graph
+    assert not any((repo / "refs" / "kovanex").rglob("old*"))
+    assert "refs/kovanex/archive/old0" in (repo / "packed-refs").read_text()
+    counts = gitcli.run(["count-objects", "-v"], git_dir=repo).stdout
+    assert "count: 0" in counts.splitlines()
+    assert (repo / "objects" / "info" / "commit-graph").exists() or (
+        repo / "objects" / "info" / "commit-graphs"
+    ).exists()
+    fsck(repo)
+    # a restart reads the record: nothing due until the interval passes
+    svc2, _, _ = service(tmp_path, clock)
+    assert asyncio.run(svc2.run_due()) == 0
+    clock.advance(3600)
+    assert asyncio.run(svc2.run_due()) == 2
+
+
+def test_a_tombstoned_gossip_key_spreads_then_is_reaped() -> None:
+    a = Membership("a", ("10.0.0.1", 1), profile("lan"), random.Random(1))
+    a.start(0.0)
+    a.publish(1.0, "assign", "r/t1", {"node": "b", "epoch": 1})
+    a.publish(2.0, "assign", "r/t1", None)  # the task is final: tombstone
+    assert a.app[("assign", "r/t1")].value is None  # kept, so the tombstone spreads
+    ttl = a.p.tombstone_ttl
+    a.tick(3.0 + ttl / 2)
+    assert ("assign", "r/t1") in a.app
+    a.tick(3.0 + ttl * 2)
+    a.tick(3.0 + ttl * 3)
+    assert ("assign", "r/t1") not in a.app  # reaped: no key per task forever
+    a.publish(4.0 + ttl * 3, "assign", "r/t2", {"node": "b", "epoch": 1})
+    a.tick(5.0 + ttl * 5)
+    assert ("assign", "r/t2") in a.app  # live keys are never reaped
+
+
+def test_a_bad_maintenance_setting_is_refused_with_what_fits() -> None:
+    import pytest
+
+    text = '[node]\nname = "n1"\n[maintenance]\narchive_after = "%s"\n'
+    assert cfgmod.NodeConfig.from_toml(text % "0s").archive_after == "0s"
+    assert cfgmod.parse_duration("7d") == 7 * DAY
+    with pytest.raises(cfgmod.ConfigError, match=r"\[maintenance\] archive_after: 'a week'"):
+        cfgmod.NodeConfig.from_toml(text % "a week")
+    cfg = cfgmod.NodeConfig(name="n1", archive_after="3d", maintenance_every="30m")
+    back = cfgmod.NodeConfig.from_toml(cfg.to_toml())
+    assert (back.archive_after, back.maintenance_every) == ("3d", "30m")
