@@ -12,6 +12,8 @@ Layout:
   outside `staging/refs/` so a full fetch's --prune never removes them.
 - `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
   the new owner lacks (forensics; never mirrored).
+- `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>`: a deposed owner's diverged tip,
+  pushed to the surviving owner, which merges it into `<ref>` (ADR 0028).
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
 """
 
@@ -28,6 +30,7 @@ KOVANEX = "refs/kovanex/"
 STAGING = "refs/kovanex/staging/"
 STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
+RECONCILE = STAGING + "reconcile/"
 LOST = "refs/kovanex/lost/"
 SKIP_PREFIX = "refs/kovanex/skip/"
 
@@ -62,6 +65,22 @@ def lost_ref(epoch: int, ref: str) -> str:
     return f"{LOST}{epoch}/{ref}"
 
 
+def reconcile_ref(epoch: int, node: str, ref: str) -> str:
+    """Where the deposed owner of `epoch`, `node`, offers its tip of `ref` to the survivor."""
+    return f"{RECONCILE}{epoch}/{node}/{ref}"
+
+
+def parse_reconcile_ref(name: str) -> tuple[int, str, str] | None:
+    """(epoch, node, ref) of a `reconcile_ref`, None for anything else."""
+    if not name.startswith(RECONCILE):
+        return None
+    epoch, _, rest = name[len(RECONCILE) :].partition("/")
+    node, _, ref = rest.partition("/")
+    if not epoch.isdigit() or not node or not ref.startswith(HEADS):
+        return None
+    return int(epoch), node, ref
+
+
 def sync_staging_ref(ref: str) -> str:
     return SYNC_STAGING + ref
 
@@ -76,6 +95,7 @@ __all__ = [
     "KOVANEX",
     "LOST",
     "META_REF",
+    "RECONCILE",
     "REFS",
     "SKIP_PREFIX",
     "STAGING",
@@ -84,6 +104,8 @@ __all__ = [
     "TASK_PREFIX",
     "lost_ref",
     "mirrored",
+    "parse_reconcile_ref",
+    "reconcile_ref",
     "sync_staging_ref",
     "task_id_of",
     "task_ref",

@@ -1,0 +1,186 @@
+"""Reconciliation after a heal, the shell of `kovanex.core.reconcile` (ADR 0028).
+
+Two halves, one per side of the healed partition:
+- the deposed side (`offer`): after its resync kept what the new owner lacks under
+  `refs/kovanex/lost/<epoch>/`, it pushes those branch tips to the survivor's
+  `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>` (staging: the hooks accept it, a
+  replica's fetch never mirrors it) and nudges it. No lock is held: it is network I/O.
+- the survivor (`merge_staged`): under the repo lock, local git only, it asks the decider
+  what commit brings each offered tip in, writes it, and moves the branch and drops the
+  offer in ONE compare-and-swap transaction; a branch that moved meanwhile is retried on the
+  next pass. The anti-entropy tick is the backstop for a lost push or nudge.
+Sync repos are left alone: their minority refuses pushes, so nothing acknowledged diverges.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+
+from kovanex import spec as specmod
+from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.core import reconcile as decider
+from kovanex.core import task as taskcore
+from kovanex.gitstate import gitcli, trailers
+from kovanex.gitstate.gitcli import GitError
+from kovanex.gitstate.ledger import SPEC_PATH, TaskLedger, subject_for, transition_of
+from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.refs import (
+    HEADS,
+    LOST,
+    RECONCILE,
+    parse_reconcile_ref,
+    reconcile_ref,
+    task_id_of,
+)
+
+log = logging.getLogger("kovanex.replica")
+
+
+class Reconciler:
+    """Offers diverged tips (deposed side) and merges offers (survivor); see module doc."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        peers: Peers,
+        *,
+        nudge: Callable[[str, str], None],
+        merged: Callable[[str], None],
+        push_timeout_s: float = gitcli.SYNC_PUSH_TIMEOUT_S,
+    ) -> None:
+        self.rt = rt
+        self.peers = peers
+        self.nudge = nudge  # (owner node, repo): tell the survivor to merge now
+        self.merged = merged  # the survivor's branches moved: announce them
+        self.push_timeout_s = push_timeout_s
+        self.merges: collections.Counter[str] = collections.Counter()  # per repo, for tests
+        self._offered: set[tuple[str, str, str]] = set()  # (repo, owner, lost oid)
+
+    def applies(self, repo: str) -> bool:
+        o = self.rt.known.get(repo)
+        return o is not None and o.level != "sync"
+
+    # -- the deposed side ----------------------------------------------------------------
+    async def offer(self, repo: str) -> bool:
+        """Push every lost branch tip the owner may lack to its reconcile staging.
+        True if there was nothing to offer or the owner took it all."""
+        o = self.rt.known.get(repo)
+        if o is None or o.owner == self.rt.node or not self.applies(repo):
+            return True
+        url = self.peers.repo_url(repo, o.owner)
+        path = self.rt.path(repo)
+        if not url or not path.exists():
+            return False
+        lost = await self.rt.thread(gitcli.for_each_ref, path, LOST)
+        offers: dict[str, str] = {}
+        for name, oid in sorted(lost.items()):
+            epoch, _, ref = name[len(LOST) :].partition("/")
+            if (
+                epoch.isdigit()
+                and ref.startswith(HEADS)
+                and (repo, o.owner, oid) not in self._offered
+            ):
+                offers[reconcile_ref(int(epoch), self.rt.node, ref)] = oid
+        if not offers:
+            return True
+        keys = {(repo, o.owner, oid) for oid in offers.values()}
+        self._offered |= keys  # claimed now: a tick during the push does not push again
+        args = ["push", "--porcelain", "--no-verify", url]
+        args += [f"+{oid}:{dst}" for dst, oid in offers.items()]
+        try:
+            r = await gitcli.run_async(
+                args, git_dir=path, token=self.rt.token, timeout=self.push_timeout_s, check=False
+            )
+            why = "" if r.ok else r.stderr[-300:]
+        except GitError as e:
+            why = e.last_line
+        if why:
+            self._offered -= keys
+            self.rt.error(f"{repo}: offering diverged tips to {o.owner}: {why}")
+            return False
+        log.warning("%s: offered %d diverged tips to %s", repo, len(offers), o.owner)
+        self.nudge(o.owner, repo)
+        return True
+
+    # -- the survivor --------------------------------------------------------------------
+    async def merge_staged(self, repo: str) -> int:
+        """Merge every offered tip into its branch (owner only); returns how many moved."""
+        if not self.rt.is_owner(repo) or not self.rt.path(repo).exists():
+            return 0
+        async with self.rt.lock(repo):
+            if not self.rt.is_owner(repo):
+                return 0
+            o = self.rt.known[repo]
+            moved = await self.rt.thread(self._merge_all, repo, o.epoch)
+        if moved:
+            self.merges[repo] += moved
+            self.merged(repo)
+        return moved
+
+    def _merge_all(self, repo: str, epoch: int) -> int:
+        path = self.rt.path(repo)
+        offers = gitcli.for_each_ref(path, RECONCILE)
+        if not offers:
+            return 0
+        store = Pygit2Store(str(path))
+        real = gitcli.for_each_ref(path, HEADS)
+        moved = 0
+        for sref, theirs in sorted(offers.items()):
+            parsed = parse_reconcile_ref(sref)
+            if parsed is None:
+                gitcli.update_ref_cas(path, [(sref, None, theirs)])
+                continue
+            old_epoch, node, ref = parsed
+            ours = real.get(ref)
+            contained = ours is not None and gitcli.is_ancestor(path, theirs, ours)
+            base_tree = None
+            if ours is not None and not contained:
+                mb = gitcli.run(["merge-base", ours, theirs], git_dir=path, check=False)
+                base = mb.stdout.strip()
+                base_tree = store.read_commit(base).tree if mb.ok and base else None
+            m = decider.reconcile(
+                ref,
+                _side(store, ref, self.rt.node, epoch, ours) if ours else None,
+                _side(store, ref, node, old_epoch, theirs),
+                contained=contained,
+                base_tree=base_tree,
+            )
+            new = ours if m is None else self._write(store, m)
+            if gitcli.update_ref_cas(path, [(ref, new, ours), (sref, None, theirs)]):
+                if new != ours:
+                    moved += 1
+                    real[ref] = new  # type: ignore[assignment]
+                    log.warning("%s: reconciled %s with %s's tip %s", repo, ref, node, theirs)
+        return moved
+
+    def _write(self, store: Pygit2Store, m: decider.Merge) -> str:
+        if decider.adopt_only(m):
+            return m.parents[0]
+        led = TaskLedger(store, self.rt.node)
+        tid = task_id_of(m.ref)
+        if m.transition is not None and tid is not None:
+            subject = subject_for(tid, m.transition)
+            pairs = [(taskcore.T_TASK, tid), *m.transition.to_trailers()]
+        else:
+            subject, pairs = m.subject, list(m.trailers)
+        msg = trailers.build_message(subject, pairs, m.subject)
+        return store.create_commit(m.tree, list(m.parents), msg, led.author)
+
+
+def _side(store: Pygit2Store, ref: str, node: str, epoch: int, tip: str) -> decider.Side:
+    """One side as the decider wants it: the tip's tree, task view and failover setting."""
+    tid = task_id_of(ref)
+    view = None
+    failover = decider.SPLIT_BRAIN_ALLOWED
+    if tid is not None:
+        view = taskcore.fold(tid, [(c.oid, transition_of(c.message)) for c in store.walk(tip)])
+        try:
+            failover = specmod.load_spec(store.read_file(tip, SPEC_PATH) or b"").failover
+        except specmod.SpecError:
+            pass
+    return decider.Side(node, epoch, tip, store.read_commit(tip).tree, view, failover)
+
+
+__all__ = ["Reconciler"]
