@@ -319,6 +319,12 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
             )
         else:
             print("gossip NOT encrypted (--insecure-gossip): anyone on the network can join")
+    co = st.get("coordination") or {}
+    if co.get("backend") == "nats":
+        print(
+            f"coordination nats: leader {co['leader'] or '-'} term {co['term']}"
+            + (f"; {co['waiting']}" if co.get("waiting") else "")
+        )
     for r in st["running"]:
         print(f"running  {r}")
     for r in st["pending"]:
