@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.coordcfg import CoordinationConfig, CoordinationError
 from kovanex.inputlimits import InputLimits
 
 ROLES = ("full", "server", "runner", "storage")
@@ -122,6 +123,8 @@ class NodeConfig:
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
+    # `[coordination]`: leader lease and quorum (kovanex/coordcfg.py, ADR 0026)
+    coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
 
     def to_toml(self) -> str:
         lines = [
@@ -154,6 +157,7 @@ class NodeConfig:
         if self.limits.changed():
             lines += ["", "[limits]"]
             lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
+        lines += self.coordination.to_lines()
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -189,6 +193,7 @@ class NodeConfig:
             units_root=str(doc.get("units", {}).get("root", "")),
             units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
             limits=_limits(doc.get("limits", {}), path),
+            coordination=_coordination(doc.get("coordination", {}), path),
         )
         cfg.check(path)
         return cfg
@@ -204,6 +209,13 @@ class NodeConfig:
             raise ConfigError(
                 f"{path}: [units] mode {self.units_mode!r} must be users|uids|namespace|none"
             )
+
+
+def _coordination(table: Any, path: str) -> CoordinationConfig:
+    try:
+        return CoordinationConfig.from_table(table, path)
+    except CoordinationError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _limits(table: Any, path: str) -> InputLimits:

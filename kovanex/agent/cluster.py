@@ -57,6 +57,7 @@ class Cluster:
         self.local = local
         self.http_url = http_url
         self.on_member_event = on_member_event
+        self.extra_meta: Callable[[], dict[str, Any]] = dict  # coordination's (nats ports)
         cfg = ctx.cfg
         self.keyring = load_keyring(ctx.layout, cfg)
         if not self.keyring.keys():
@@ -125,6 +126,7 @@ class Cluster:
             "run": [slots.used, slots.total],
             "http": self.http_url(),
             "health": round(self.local.health(), 2),
+            **self.extra_meta(),
         }
 
     def refresh(self) -> None:
@@ -183,6 +185,7 @@ class Cluster:
                     "repos_owned": inv.get("owned", []),
                     "repos_replica": inv.get("replica", []),
                     "http": meta.get("http", ""),
+                    "nats": meta.get("nats"),  # [client, cluster] port: runs nats-server
                 }
             )
         return sorted(out, key=lambda d: d["name"])

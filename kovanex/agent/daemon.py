@@ -18,6 +18,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
+from kovanex.agent import coordination
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer
@@ -25,6 +26,7 @@ from kovanex.agent.deadline import PlacementDeadline
 from kovanex.agent.dispatch import Dispatcher, Sweeper
 from kovanex.agent.executor import kill_orphan
 from kovanex.agent.failover import Failover
+from kovanex.agent.halting import ConsistentWork
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
 from kovanex.agent.ops import ControlOps
@@ -83,6 +85,9 @@ class Agent:
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
         self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
         gossip = self.cluster.node
+        self.coord = coordination.make(ctx, self.cluster.members)
+        self.cluster.extra_meta = self.coord.meta
+        self.consistent = ConsistentWork(ctx, self.coord, self.repos, self.runs, self.locks)
         self.deadline = PlacementDeadline(ctx, self.repos, self.placer, self.locks, gossip)
         self.failover = Failover(ctx, self.repos, self.locks, gossip)
         self.replicas = ReplicaManager(
@@ -128,6 +133,12 @@ class Agent:
         self.failover.requeued = self._requeued
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
+        self.scheduler.may_place = self.consistent.may_place
+        self.consistent.kick = lambda: self.dispatcher.changed("", "")
+        if isinstance(self.coord, coordination.NatsCoordination):
+            self.coord.on_halt = self.consistent.halt
+            self.coord.on_resume = self.consistent.resume
+            self.coord.record = self.cluster.record
 
     # -- wiring helpers ----------------------------------------------------------------
     def http_url(self) -> str:
@@ -195,6 +206,7 @@ class Agent:
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
         await self.cluster.start()
+        await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
         self.remote.start()
         self.deadline.start()
@@ -216,6 +228,7 @@ class Agent:
             asyncio.create_task(self.health.run(ctx.stop_event)),
             asyncio.create_task(self.failover.probe_suspects()),
             asyncio.create_task(self.deadline.guard()),
+            asyncio.create_task(self.consistent.watch()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:
@@ -228,6 +241,7 @@ class Agent:
         await self.runs.stop()
         self.watcher.stop()
         await self.replicas.stop()
+        await self.coord.stop()
         await self.cluster.stop(graceful=ctx.leaving)
         await self.http.close()
         await self.control.close()

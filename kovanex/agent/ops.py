@@ -37,7 +37,10 @@ class ControlOps:
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
                 "hook_port": a.hooks.port,
                 "gossip": a.cluster.security(),
+                "coordination": a.coord.summary(),
             }
+        if op == "cluster.status":
+            return a.coord.status()
         if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
             return {"published": a.token_sync.publish_all()}
         if op == "units":

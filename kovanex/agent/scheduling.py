@@ -76,6 +76,7 @@ class TaskScheduler:
         self.announce: Callable[[Assign], None] = lambda a: None
         self.kick: Callable[[str], None] = lambda repo: None
         self.can_place_remotely: Callable[[], bool] = lambda: False
+        self.may_place: Callable[[Any], bool] = lambda spec: True  # the quorum gate
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -176,6 +177,8 @@ class TaskScheduler:
                 self._execute(repo, self.core.decide(repo, view, bad, slot_free=False))
                 self.core.pending.pop(key, None)  # only a new push can change that
                 return
+            if not self.may_place(spec):
+                return  # absolute_consistency without a quorum: it waits queued (issue 12)
             decision = asked[1] if asked else self.placer.decide(repo, task_id, spec)
             effects = self.core.decide(repo, view, decision, slot_free=self.runs.slots.free > 0)
             if not effects:
