@@ -18,22 +18,19 @@ import collections
 import logging
 from collections.abc import Callable
 
-from kovanex import spec as specmod
 from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.core import reconcile as decider
-from kovanex.core import task as taskcore
-from kovanex.gitstate import gitcli, trailers
+from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import GitError
-from kovanex.gitstate.ledger import SPEC_PATH, TaskLedger, subject_for, transition_of
+from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.reconcile import reconcile_ref
 from kovanex.gitstate.refs import (
     HEADS,
     LOST,
     RECONCILE,
     parse_reconcile_ref,
-    reconcile_ref,
-    task_id_of,
 )
+from kovanex.gitstate.refs import reconcile_ref as offer_ref
 
 log = logging.getLogger("kovanex.replica")
 
@@ -82,7 +79,7 @@ class Reconciler:
                 and ref.startswith(HEADS)
                 and (repo, o.owner, oid) not in self._offered
             ):
-                offers[reconcile_ref(int(epoch), self.rt.node, ref)] = oid
+                offers[offer_ref(int(epoch), self.rt.node, ref)] = oid
         if not offers:
             return True
         keys = {(repo, o.owner, oid) for oid in offers.values()}
@@ -125,6 +122,7 @@ class Reconciler:
         if not offers:
             return 0
         store = Pygit2Store(str(path))
+        author = TaskLedger(store, self.rt.node).author
         real = gitcli.for_each_ref(path, HEADS)
         moved = 0
         for sref, theirs in sorted(offers.items()):
@@ -135,52 +133,27 @@ class Reconciler:
             old_epoch, node, ref = parsed
             ours = real.get(ref)
             contained = ours is not None and gitcli.is_ancestor(path, theirs, ours)
-            base_tree = None
+            base = None
             if ours is not None and not contained:
                 mb = gitcli.run(["merge-base", ours, theirs], git_dir=path, check=False)
-                base = mb.stdout.strip()
-                base_tree = store.read_commit(base).tree if mb.ok and base else None
-            m = decider.reconcile(
+                base = mb.stdout.strip() or None if mb.ok else None
+            merged = reconcile_ref(
+                store,
                 ref,
-                _side(store, ref, self.rt.node, epoch, ours) if ours else None,
-                _side(store, ref, node, old_epoch, theirs),
+                (self.rt.node, epoch, ours) if ours else None,
+                (node, old_epoch, theirs),
+                author,
                 contained=contained,
-                base_tree=base_tree,
+                base=base,
             )
-            new = ours if m is None else self._write(store, m)
-            if gitcli.update_ref_cas(path, [(ref, new, ours), (sref, None, theirs)]):
-                if new != ours:
-                    moved += 1
-                    real[ref] = new  # type: ignore[assignment]
-                    log.warning("%s: reconciled %s with %s's tip %s", repo, ref, node, theirs)
+            moves = [(sref, None, theirs)]  # the offer goes with the move: one transaction
+            if merged is not None and merged != ours:
+                moves.append((ref, merged, ours))
+            if gitcli.update_ref_cas(path, moves) and len(moves) > 1:
+                moved += 1
+                real[ref] = merged  # type: ignore[assignment]
+                log.warning("%s: reconciled %s with %s's tip %s", repo, ref, node, theirs)
         return moved
-
-    def _write(self, store: Pygit2Store, m: decider.Merge) -> str:
-        if decider.adopt_only(m):
-            return m.parents[0]
-        led = TaskLedger(store, self.rt.node)
-        tid = task_id_of(m.ref)
-        if m.transition is not None and tid is not None:
-            subject = subject_for(tid, m.transition)
-            pairs = [(taskcore.T_TASK, tid), *m.transition.to_trailers()]
-        else:
-            subject, pairs = m.subject, list(m.trailers)
-        msg = trailers.build_message(subject, pairs, m.subject)
-        return store.create_commit(m.tree, list(m.parents), msg, led.author)
-
-
-def _side(store: Pygit2Store, ref: str, node: str, epoch: int, tip: str) -> decider.Side:
-    """One side as the decider wants it: the tip's tree, task view and failover setting."""
-    tid = task_id_of(ref)
-    view = None
-    failover = decider.SPLIT_BRAIN_ALLOWED
-    if tid is not None:
-        view = taskcore.fold(tid, [(c.oid, transition_of(c.message)) for c in store.walk(tip)])
-        try:
-            failover = specmod.load_spec(store.read_file(tip, SPEC_PATH) or b"").failover
-        except specmod.SpecError:
-            pass
-    return decider.Side(node, epoch, tip, store.read_commit(tip).tree, view, failover)
 
 
 __all__ = ["Reconciler"]
