@@ -373,7 +373,20 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
             nodes[0] = back
             await back.start(seed=new)
             await until(lambda: not back.m.is_owner("t"), 15.0, "demotion")
-            await until(lambda: rev(back.repo("t"), MAIN) == more, 15.0, "old owner follows")
+            # what the new owner lacked is kept under lost/ and offered back: the new
+            # owner merges it (ADR 0028), and the old owner follows the merge
+            await until(
+                lambda: (
+                    git(
+                        "--git-dir", str(new.repo("t")), "rev-list", "--parents", "-n1", MAIN
+                    ).split()[1:]
+                    == [more, lost]
+                ),
+                15.0,
+                "the new owner merged the deposed owner's main",
+            )
+            merged = rev(new.repo("t"), MAIN)
+            await until(lambda: rev(back.repo("t"), MAIN) == merged, 15.0, "old owner follows")
             assert rev(back.repo("t"), "refs/kovanex/lost/1/" + MAIN) == lost
             assert back.m.owner_of("t")[0] == new.name  # type: ignore[index]
             assert new.m.is_owner("t") and new.m.owner_of("t")[2] == 2  # type: ignore[index]

@@ -9,7 +9,9 @@ Two halves, one per side of the healed partition:
   what commit brings each offered tip in, writes it, and moves the branch and drops the
   offer in ONE compare-and-swap transaction; a branch that moved meanwhile is retried on the
   next pass. The anti-entropy tick is the backstop for a lost push or nudge.
-Sync repos are left alone: their minority refuses pushes, so nothing acknowledged diverges.
+Every replication level takes part: a sync minority refuses pushes, but a replica dropped
+from a sync repo's set can still take it over on a stale record (the simulator found it),
+and a merge loses nothing where a move aside would.
 """
 
 from __future__ import annotations
@@ -55,16 +57,12 @@ class Reconciler:
         self.merges: collections.Counter[str] = collections.Counter()  # per repo, for tests
         self._offered: set[tuple[str, str, str]] = set()  # (repo, owner, lost oid)
 
-    def applies(self, repo: str) -> bool:
-        o = self.rt.known.get(repo)
-        return o is not None and o.level != "sync"
-
     # -- the deposed side ----------------------------------------------------------------
     async def offer(self, repo: str) -> bool:
         """Push every lost branch tip the owner may lack to its reconcile staging.
         True if there was nothing to offer or the owner took it all."""
         o = self.rt.known.get(repo)
-        if o is None or o.owner == self.rt.node or not self.applies(repo):
+        if o is None or o.owner == self.rt.node:
             return True
         url = self.peers.repo_url(repo, o.owner)
         path = self.rt.path(repo)

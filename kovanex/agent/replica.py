@@ -113,7 +113,7 @@ class ReplicaManager:
         for repo in sorted(self.rt.known):
             if self.rt.is_owner(repo):
                 await self.reconciler.merge_staged(repo)
-            elif self.reconciler.applies(repo) and self.path(repo).exists():
+            elif self.path(repo).exists():
                 await self.reconciler.offer(repo)
 
     # -- identity and counters (read by the agent and tests) ---------------------------

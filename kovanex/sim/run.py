@@ -19,8 +19,8 @@ PUSH_TRIES = 6
 PUSH_RETRY = 8.0
 INVARIANTS = (
     "at most one runner per lease (task, epoch), checked as every run starts a step",
-    "no acknowledged push lost (sync and none: always; async: unless the acking owner "
-    "was deposed - reported as a known gap)",
+    "no acknowledged push lost, at any level, even when the acking owner was deposed: "
+    "none only under refs/kovanex/lost/ (diverged branches are reconciled, ADR 0028)",
     "every task final (succeeded/failed/cancelled) on its owner after the heal",
     "exactly one owner per repo after the heal, and every live node agrees",
 )
@@ -38,6 +38,7 @@ class Result:
     events: int
     log: list[str] = field(default_factory=list)
     ownership: str = ""
+    reconciled: int = 0  # diverged branches merged after a heal (ADR 0028)
 
     @property
     def ok(self) -> bool:
@@ -47,10 +48,17 @@ class Result:
 class Driver:
     """Feeds a scenario's pushes and faults into a world."""
 
-    def __init__(self, sc: Scenario, verbose: bool = False, ownership: str | None = None) -> None:
+    def __init__(
+        self,
+        sc: Scenario,
+        verbose: bool = False,
+        ownership: str | None = None,
+        reconcile: bool = True,
+    ) -> None:
         self.sc = sc
         decider = (ownership or DEFAULT_OWNERSHIP) == "decider"
         w = self.w = World(sc.seed, len(sc.nodes), loss=sc.loss, verbose=verbose, decider=decider)
+        w.reconcile = reconcile
         for i, name in enumerate(sc.nodes):
             w.agents[name] = SimAgent(w, name, sc.labels[name], sc.seed * 7919 + i)
         for r in sc.repos:
@@ -189,12 +197,17 @@ class Driver:
 
 
 def simulate(
-    seed: int, strict: bool = False, verbose: bool = False, ownership: str | None = None
+    seed: int,
+    strict: bool = False,
+    verbose: bool = False,
+    ownership: str | None = None,
+    reconcile: bool = True,
 ) -> Result:
     """Run one seed. `ownership`: "decider" (the default: core/takeover.py, as the agent
-    runs it) or "replication" (ADR 0007's rules applied through core/replication.py)."""
+    runs it) or "replication" (ADR 0007's rules applied through core/replication.py).
+    `reconcile=False` replays the old heal (diverged tips kept only under lost/)."""
     sc = generate(seed)
-    d = Driver(sc, verbose, ownership)
+    d = Driver(sc, verbose, ownership, reconcile)
     w = d.w
     settled = w.run_until(sc.quiet_at + BUDGET, d.settled)
     repos = [r.name for r in sc.repos]
@@ -222,4 +235,5 @@ def simulate(
         w.loop.events,
         w.trace.log,
         "decider" if w.decider else "replication",
+        len(w.reconciled),
     )
