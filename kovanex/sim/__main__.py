@@ -33,6 +33,8 @@ def _report_one(r: Result, log: bool) -> None:
         f"{r.tasks} tasks, {r.acked} acknowledged pushes, settled at t={r.settled_at:.1f}, "
         f"{r.events} events, ownership by {r.ownership}, {r.reconciled} branches reconciled"
     )
+    if r.lease:
+        print(f"lease: {r.lease}")
     _gaps(r.gaps)
 
 
