@@ -79,7 +79,7 @@ class GossipCoordination:
         return None
 
     def summary(self) -> dict[str, Any]:
-        return {"backend": "gossip", "quorum": None}
+        return {"backend": "gossip", "leader": None, "term": 0, "quorum": None}
 
     def status(self) -> dict[str, Any]:
         nodes = _alive(self.members(), self.ctx.name)
