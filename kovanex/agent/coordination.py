@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -132,6 +133,9 @@ class NatsCoordination:
         self.wake = asyncio.Event()
         self.wake_at = 0.0
         self.tasks: list[asyncio.Task[Any]] = []
+        # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
+        # bench/leader_failover_bench.py's "both die together" case.
+        self.step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
         # wired by the agent
         self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
         self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
@@ -227,7 +231,7 @@ class NatsCoordination:
                 info.config.num_replicas = want
                 await js.update_stream(info.config)
                 log.info("KV bucket now has %d replicas", want)
-            if core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
+            if self.step_away and core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
                 leader = info.cluster.leader if info.cluster else None
                 if leader == self.ctx.name:  # keep the stream leader off the lease holder
                     await self.nc.request(
