@@ -3,7 +3,7 @@
 Why its own module: config.py is shared by every service; this table has its own
 validation (ports, lease timing) and its own docs (ADR 0026, 0027). The seed's election
 timeout and heartbeat interval have counterparts here: `lease_ttl_s` and
-`renew_interval_s` (defaults 3.0 s and 0.5 s; see ADR 0027 for the trade-off with NATS's
+`renew_interval_s` (defaults 2.5 s and 0.5 s; see ADR 0027 for the trade-off with NATS's
 own 4-9 s stream-leader election).
 """
 
@@ -36,7 +36,7 @@ class CoordinationConfig:
     cluster_port: int = 0
     monitor_port: int = 0
     cluster_name: str = "kovanex"
-    lease_ttl_s: float = 3.0
+    lease_ttl_s: float = 2.5
     renew_interval_s: float = 0.5
     failover_default: str = "split_brain_allowed"
 

@@ -200,7 +200,7 @@ def _check_epoch(
     store: Pygit2Store, ledger: TaskLedger, task_id: str, u: RefUpdate, verdict: Verdict
 ) -> None:
     """Fencing: a transition written under an older lease than the branch's is refused."""
-    from kovanex.gitstate.ledger import transition_of
+    from kovanex.gitstate.ledger import term_of, transition_of
 
     tr = transition_of(store.read_commit(u.new).message)
     if tr is None:
@@ -210,6 +210,12 @@ def _check_epoch(
         verdict.reject(
             f"kovanex: task/{task_id}: stale epoch {tr.epoch} < current {current}; this "
             "lease was superseded (the task was cancelled or moved); the writer must stand down"
+        )
+    given = term_of(tr)
+    if given is not None and u.old != ZERO and given < (seen := ledger.newest_term(u.old)):
+        verdict.reject(
+            f"kovanex: task/{task_id}: leader term {given} < term {seen} already granted on "
+            "this branch; a newer leader moved the task, so this writer must stand down"
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -31,6 +32,10 @@ log = logging.getLogger("kovanex.coordination")
 BUCKET = "kovanex"
 LEADER_KEY = "leader"
 RUNS_NATS = ("full", "server")
+# JetStream's maximum. The bucket's own Raft group must be the cluster's majority: with R3
+# on 5 servers a 2 | 3 split can leave 2 of the 3 replicas on the minority side, and the
+# majority could then elect nobody (found by tests/test_partition_nats.py).
+MAX_REPLICAS = 5
 Members = Callable[[], list[dict[str, Any]]]
 
 
@@ -79,7 +84,7 @@ class GossipCoordination:
         return None
 
     def summary(self) -> dict[str, Any]:
-        return {"backend": "gossip", "quorum": None}
+        return {"backend": "gossip", "leader": None, "term": 0, "quorum": None}
 
     def status(self) -> dict[str, Any]:
         nodes = _alive(self.members(), self.ctx.name)
@@ -132,6 +137,9 @@ class NatsCoordination:
         self.wake = asyncio.Event()
         self.wake_at = 0.0
         self.tasks: list[asyncio.Task[Any]] = []
+        # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
+        # bench/leader_failover_bench.py's "both die together" case.
+        self.step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
         # wired by the agent
         self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
         self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
@@ -142,20 +150,23 @@ class NatsCoordination:
         c = self.ctx.cfg.coordination
         return {"nats": [c.client_port, c.cluster_port]} if self.server is not None else {}
 
-    def _peers(self) -> list[tuple[str, int, int]]:
-        """(host, client port, cluster port) of members that run NATS, us included."""
+    def _peers(self, gone_too: bool = False) -> list[tuple[str, int, int]]:
+        """(host, client port, cluster port) of members that run NATS, us included.
+        `gone_too`: dead ones as well (routes: a partitioned server comes back, and NATS
+        retries a route to a dead one harmlessly); only a graceful leave drops a route."""
         c = self.ctx.cfg.coordination
         out = [(self.host, c.client_port, c.cluster_port)] if self.server is not None else []
+        ok = ("alive", "suspect", "dead") if gone_too else ("alive", "suspect")
         for m in self.members():
             ports = m.get("nats")
-            if m["name"] == self.ctx.name or not ports or m["status"] not in ("alive", "suspect"):
+            if m["name"] == self.ctx.name or not ports or m["status"] not in ok:
                 continue
             out.append((m["addr"].rpartition(":")[0], int(ports[0]), int(ports[1])))
         return sorted(set(out))
 
     async def start(self) -> None:
         if self.server is not None:
-            await self.server.start(f"{h}:{cp}" for h, _, cp in self._peers())
+            await self.server.start(f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
         self.tasks = [
             asyncio.create_task(self._connect_and_drive()),
             asyncio.create_task(self._keep_routes()),
@@ -176,7 +187,8 @@ class NatsCoordination:
         while True:
             await asyncio.sleep(1.0)
             if self.server is not None:
-                if self.server.set_routes(f"{h}:{cp}" for h, _, cp in self._peers()):
+                routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
+                if self.server.set_routes(routes):
                     log.info("nats routes now %s", sorted(self.server.routes))
                 code, body = await self.server.monitor("/jsz")
                 self.jsz = body if code == 200 else None
@@ -186,13 +198,21 @@ class NatsCoordination:
     async def _connect_and_drive(self) -> None:
         import nats
 
-        servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()] or ["nats://127.0.0.1:4222"]
+        # A server node talks to its own server only: it is always reachable, and NATS
+        # routes the request to the stream leader (a connection to a cut-off remote server
+        # would hang until the ping timeout). Other roles use any server, pinging often.
+        servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()]
+        if self.server is not None:
+            servers = [self.server.client_url]
         self.nc = await nats.connect(
             servers=servers,
             connect_timeout=1,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.2,
             allow_reconnect=True,
+            dont_randomize=self.server is not None,
+            ping_interval=1,
+            max_outstanding_pings=2,
         )
         js = self.nc.jetstream(timeout=1.0)
         self.kv = await self._bucket(js)
@@ -209,7 +229,7 @@ class NatsCoordination:
             except Exception:  # noqa: BLE001 - not there yet, or no quorum yet
                 pass
             try:
-                n = min(3, len(self._peers()))
+                n = min(MAX_REPLICAS, len(self._peers()))
                 return await js.create_key_value(bucket=BUCKET, history=1, replicas=max(1, n))
             except Exception as e:  # noqa: BLE001
                 log.debug("bucket not ready: %s", e)
@@ -222,12 +242,12 @@ class NatsCoordination:
         try:
             js = self.nc.jetstream(timeout=1.0)
             info = await js.stream_info(f"KV_{BUCKET}")
-            want = min(3, len(self._peers()))
+            want = min(MAX_REPLICAS, len(self._peers()))
             if info.config.num_replicas < want:
                 info.config.num_replicas = want
                 await js.update_stream(info.config)
                 log.info("KV bucket now has %d replicas", want)
-            if core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
+            if self.step_away and core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
                 leader = info.cluster.leader if info.cluster else None
                 if leader == self.ctx.name:  # keep the stream leader off the lease holder
                     await self.nc.request(
@@ -357,7 +377,9 @@ class NatsCoordination:
         servers = max(1, len(self._peers()))
         quorum = core.has_quorum(self.state, now)
         leader = self.state.leader
-        held = leader is not None and (leader != self.ctx.name or core.leads(self.state, now))
+        # without a quorum we cannot vouch for anyone's lease (a cut-off node's view is stale)
+        held = quorum and leader is not None
+        held = held and (leader != self.ctx.name or core.leads(self.state, now))
         rows = []
         for m in nodes:
             hb = self.heartbeats.get(m["name"])

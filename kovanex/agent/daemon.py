@@ -133,7 +133,7 @@ class Agent:
         self.failover.requeued = self._requeued
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
-        self.scheduler.may_place = self.consistent.may_place
+        self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
             self.coord.on_halt = self.consistent.halt

@@ -46,9 +46,14 @@ class ConsistentWork:
     def consistent(self, spec: specmod.TaskSpec) -> bool:
         return (spec.failover or self.ctx.cfg.coordination.failover_default) == CONSISTENT
 
-    def may_place(self, spec: specmod.TaskSpec) -> bool:
-        """The scheduler's gate: nothing consistent is placed without a quorum."""
-        return not self.consistent(spec) or self.coord.can_place()
+    def grant(self, spec: specmod.TaskSpec) -> dict[str, str] | None:
+        """The scheduler's gate: nothing consistent is placed without a quorum, and its
+        placement carries the leader term (`Kovanex-Term`) the hooks and store fence on."""
+        if not self.consistent(spec):
+            return {}
+        if not self.coord.can_place():
+            return None
+        return {"Term": str(self.coord.summary()["term"])}
 
     def _spec(self, repo: str, task_id: str) -> specmod.TaskSpec | None:
         try:
