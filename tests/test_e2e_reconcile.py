@@ -51,7 +51,8 @@ def signal_all(nodes: list[Node], sig: signal.Signals) -> None:
 
 @pytest.mark.slow
 def test_async_owner_cut_off_both_sides_push_heal_reconciles(tmp_path: Path) -> None:
-    nodes = cluster(tmp_path, {"n1": "a", "n2": "b", "n3": "b"})
+    # names of our own: other suites on this host run agents named n1..n3 (units lock)
+    nodes = cluster(tmp_path, {"rc1": "a", "rc2": "b", "rc3": "b"})
     n1, n2, n3 = nodes
     stopped: list[Node] = []
     try:
@@ -103,7 +104,7 @@ def test_async_owner_cut_off_both_sides_push_heal_reconciles(tmp_path: Path) -> 
         # the heal
         signal_all([n1], signal.SIGCONT)
         stopped = []
-        wait_for(lambda: status(n1).get("owner") == new.name, 60, "n1 demoted")
+        wait_for(lambda: status(n1).get("owner") == new.name, 60, "rc1 demoted")
 
         def all_on_branches() -> bool:
             return all(oids <= rev_list(new, f"refs/heads/task/{t}") for t, oids in acked.items())
@@ -114,7 +115,7 @@ def test_async_owner_cut_off_both_sides_push_heal_reconciles(tmp_path: Path) -> 
         merge = trailers_of(new.repo("demo"), "refs/heads/task/shared")[0]
         assert "Kovanex-Reconciled" in merge, merge
         assert merge["Kovanex-Reconciled"].startswith(f"ours={new.name}@2:")
-        assert "theirs=n1@1:" in merge["Kovanex-Reconciled"]
+        assert "theirs=rc1@1:" in merge["Kovanex-Reconciled"]
         # nothing acknowledged is left only under lost/, on any node
         for n in nodes:
             lost = git(
