@@ -24,7 +24,7 @@ from tests.test_replica_manager import (
     Node,
     Work,
     cluster,
-    create,
+    create_replicated,
     git,
     lag_zero,
     rev,
@@ -89,9 +89,7 @@ def test_async_split_brain_heals_by_merge_and_loses_no_acknowledged_commit(
         net, nodes = await cluster(tmp_path)
         n1, n2, n3 = nodes
         try:
-            path = await create(n1, "r")
-            await n1.m.set_policy("r", "async", 2)
-            await until(lambda: set(n1.m.status("r")["replicas"]) == {"n2", "n3"}, what="2")
+            path = await create_replicated(n1, "r", "async")
             work = Work(tmp_path)
             new_task(work, "t1")
             await work.push(path, MAIN, "refs/heads/task/t1")

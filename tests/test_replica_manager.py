@@ -168,6 +168,14 @@ async def create(node: Node, name: str) -> Path:
     return path
 
 
+async def create_replicated(node: Node, name: str, level: str, wanted: int = 2) -> Path:
+    """A repo on `node` with `level` replication, once its `wanted` replicas are placed."""
+    path = await create(node, name)
+    await node.m.set_policy(name, level, wanted)
+    await until(lambda: len(node.m.status(name)["replicas"]) == wanted, what="replicas placed")
+    return path
+
+
 def quarantine(owner: Path, work: Path, new: str, old: str | None, q: Path) -> None:
     """What receive-pack does before pre-receive: the new objects in a side directory."""
     q.mkdir()
@@ -331,9 +339,7 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
         net, nodes = await cluster(tmp_path)
         a, b, c = nodes
         try:
-            path = await create(a, "t")
-            await a.m.set_policy("t", "sync", 2)
-            await until(lambda: set(a.m.status("t")["replicas"]) == {"n2", "n3"}, what="replicas")
+            path = await create_replicated(a, "t", "sync")
             work = Work(tmp_path)
             base = await work.commit()
             a.m.refs_changed("t", await work.push(path, MAIN, TASK))
