@@ -17,7 +17,7 @@ from kovanex.core import task as core
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store
-from kovanex.gitstate.refs import LOST, RECONCILE
+from kovanex.gitstate.refs import LOST, OFFERED, RECONCILE
 from tests.agentkit import until
 from tests.test_replica_manager import (
     MAIN,
@@ -159,12 +159,23 @@ def test_async_split_brain_heals_by_merge_and_loses_no_acknowledged_commit(
             # nothing acknowledged lives only under lost/ (anywhere), and everyone follows
             for x in nodes:
                 for ref, oid in gitcli.for_each_ref(x.repo("r"), LOST).items():
+                    if ref.startswith(OFFERED):
+                        continue
                     assert gitcli.is_ancestor(repo, oid, rev(repo, ref.split("/", 4)[4]) or oid)
             third = n3 if new is n2 else n2
             await until(
                 lambda: rev(third.repo("r"), "refs/heads/task/t1") == tip, 20.0, "replica follows"
             )
             assert new.m.owner_of("r")[2] == 2  # type: ignore[index]
+            # delivered tips are noted durably: a restart does not offer them again
+            lost = gitcli.for_each_ref(n1.repo("r"), LOST)
+            noted = {o for r, o in lost.items() if r.startswith(OFFERED)}
+            assert noted and noted == {o for r, o in lost.items() if not r.startswith(OFFERED)}
+            n1.m.reconciler._offered.clear()  # what a restart forgets
+            before = new.m.reconciler.merges["r"]
+            assert await n1.m.reconciler.offer("r")
+            assert not any(r.startswith(RECONCILE) for r in gitcli.for_each_ref(repo))
+            assert new.m.reconciler.merges["r"] == before
             assert new.m.reconciler.merges["r"] >= 3
         finally:
             await shutdown(nodes)

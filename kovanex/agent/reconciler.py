@@ -5,6 +5,8 @@ Two halves, one per side of the healed partition:
   `refs/kovanex/lost/<epoch>/`, it pushes those branch tips to the survivor's
   `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>` (staging: the hooks accept it, a
   replica's fetch never mirrors it) and nudges it. No lock is held: it is network I/O.
+  A delivered tip is noted under `refs/kovanex/lost/offered/` so that a restart does not
+  offer it again (which would revive a branch the owner deleted since).
 - the survivor (`merge_staged`): under the repo lock, local git only, it asks the decider
   what commit brings each offered tip in, writes it, and moves the branch and drops the
   offer in ONE compare-and-swap transaction; a branch that moved meanwhile is retried on the
@@ -29,7 +31,9 @@ from kovanex.gitstate.reconcile import reconcile_ref
 from kovanex.gitstate.refs import (
     HEADS,
     LOST,
+    OFFERED,
     RECONCILE,
+    offered_ref,
     parse_reconcile_ref,
 )
 from kovanex.gitstate.refs import reconcile_ref as offer_ref
@@ -69,15 +73,16 @@ class Reconciler:
         if not url or not path.exists():
             return False
         lost = await self.rt.thread(gitcli.for_each_ref, path, LOST)
+        done = {oid for name, oid in lost.items() if name.startswith(OFFERED)}
         offers: dict[str, str] = {}
+        marks: list[tuple[str, str, None]] = []
         for name, oid in sorted(lost.items()):
             epoch, _, ref = name[len(LOST) :].partition("/")
-            if (
-                epoch.isdigit()
-                and ref.startswith(HEADS)
-                and (repo, o.owner, oid) not in self._offered
-            ):
+            if not epoch.isdigit() or not ref.startswith(HEADS) or oid in done:
+                continue
+            if (repo, o.owner, oid) not in self._offered:
                 offers[offer_ref(int(epoch), self.rt.node, ref)] = oid
+                marks.append((offered_ref(int(epoch), ref), oid, None))
         if not offers:
             return True
         keys = {(repo, o.owner, oid) for oid in offers.values()}
@@ -97,6 +102,9 @@ class Reconciler:
             return False
         log.warning("%s: offered %d diverged tips to %s", repo, len(offers), o.owner)
         self.nudge(o.owner, repo)
+        async with self.rt.lock(repo):  # local git only
+            for mark in marks:
+                await self.rt.thread(gitcli.update_ref_cas, path, [mark])
         return True
 
     # -- the survivor --------------------------------------------------------------------

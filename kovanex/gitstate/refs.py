@@ -32,6 +32,7 @@ STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
 RECONCILE = STAGING + "reconcile/"
 LOST = "refs/kovanex/lost/"
+OFFERED = LOST + "offered/"
 SKIP_PREFIX = "refs/kovanex/skip/"
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -81,6 +82,12 @@ def parse_reconcile_ref(name: str) -> tuple[int, str, str] | None:
     return int(epoch), node, ref
 
 
+def offered_ref(epoch: int, ref: str) -> str:
+    """The deposed side's durable note that its lost tip of `ref` reached the survivor
+    (under lost/: local, never mirrored); the tip is not offered again after a restart."""
+    return f"{OFFERED}{epoch}/{ref}"
+
+
 def sync_staging_ref(ref: str) -> str:
     return SYNC_STAGING + ref
 
@@ -95,6 +102,7 @@ __all__ = [
     "KOVANEX",
     "LOST",
     "META_REF",
+    "OFFERED",
     "RECONCILE",
     "REFS",
     "SKIP_PREFIX",
@@ -104,6 +112,7 @@ __all__ = [
     "TASK_PREFIX",
     "lost_ref",
     "mirrored",
+    "offered_ref",
     "parse_reconcile_ref",
     "reconcile_ref",
     "sync_staging_ref",
