@@ -12,7 +12,9 @@ from kovanex.sim.__main__ import main
 from kovanex.sim.run import simulate
 from tests.conftest import seeds
 
-SWEEP = 500  # ~30 s on the 2-core box (measured); the soak test runs 10,000
+# ~30 s on the 2-core box before the lease model, which adds ~30 % (ADR 0029);
+# the soak test runs 10,000
+SWEEP = 500
 
 
 @pytest.mark.parametrize("seed", seeds(SWEEP))
