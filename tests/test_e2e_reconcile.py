@@ -112,6 +112,8 @@ def test_async_owner_cut_off_both_sides_push_heal_reconciles(tmp_path: Path) -> 
         wait_for(all_on_branches, 60, "every acknowledged commit on its task's branch")
         for t in acked:  # task show finds every task, and each one finishes
             wait_for(lambda t=t: new.show(t)["state"] == "succeeded", 90, f"{t} final")
+        (rec,) = new.show("shared")["reconciled"]  # `task show` names the merge and sides
+        assert rec["sides"].startswith(f"ours={new.name}@2:")
         merge = trailers_of(new.repo("demo"), "refs/heads/task/shared")[0]
         assert "Kovanex-Reconciled" in merge, merge
         assert merge["Kovanex-Reconciled"].startswith(f"ours={new.name}@2:")

@@ -147,6 +147,8 @@ def test_async_split_brain_heals_by_merge_and_loses_no_acknowledged_commit(
             assert f"theirs=n1@1:{minority_t1}" in msg
             shown = describe("r", ledger(new, "r"), "t1")  # what `kovanex task show` prints
             assert shown["state"] == "queued" and shown["tip"] == tip
+            assert [r["commit"] for r in shown["reconciled"]] == [tip]
+            assert shown["reconciled"][0]["sides"].endswith(f"theirs=n1@1:{minority_t1}")
             assert shown["epoch"] == 2  # both sides placed at epoch 1: both leases fenced
             # t2 existed only on the deposed side: adopted, every commit on its branch
             assert rev(repo, "refs/heads/task/t2") is not None
