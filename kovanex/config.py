@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kovanex.coordcfg import CoordinationConfig, CoordinationError
 from kovanex.core.autoscale import Policy as ScalingPolicy
 from kovanex.core.autoscale import PolicyError
 from kovanex.inputlimits import InputLimits
@@ -136,6 +137,8 @@ class NodeConfig:
     # `git maintenance` (pack-refs, commit-graph, incremental repack) runs this often
     archive_after: str = "7d"
     maintenance_every: str = "1h"
+    # `[coordination]`: leader lease and quorum (kovanex/coordcfg.py, ADR 0026)
+    coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
 
     def to_toml(self) -> str:
         lines = [
@@ -176,6 +179,7 @@ class NodeConfig:
             lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.scaling.changed().items())]
         if self.log_format != "text":
             lines += ["", "[log]", f"format = {_q(self.log_format)}"]
+        lines += self.coordination.to_lines()
         for m in self.modules:
             lines += ["", "[[modules]]"]
             lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
@@ -215,6 +219,7 @@ class NodeConfig:
             log_format=str(doc.get("log", {}).get("format", "text")),
             archive_after=str(doc.get("maintenance", {}).get("archive_after", "7d")),
             maintenance_every=str(doc.get("maintenance", {}).get("every", "1h")),
+            coordination=_coordination(doc.get("coordination", {}), path),
         )
         cfg.check(path)
         return cfg
@@ -249,6 +254,13 @@ def parse_duration(text: str) -> float:
     if m is None:
         raise ValueError(f"{text!r} is not a duration; use a number and a unit: 0s, 30m, 12h, 7d")
     return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _coordination(table: Any, path: str) -> CoordinationConfig:
+    try:
+        return CoordinationConfig.from_table(table, path)
+    except CoordinationError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _limits(table: Any, path: str) -> InputLimits:

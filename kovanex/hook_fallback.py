@@ -23,9 +23,9 @@ def run(
     options = PushOptions.parse(opts)
     try:
         cfg = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir)))
-        node, limits = cfg.name, cfg.limits
+        node, limits, coord = cfg.name, cfg.limits, cfg.coordination
     except cfgmod.ConfigError:
-        node, limits = "hook", InputLimits()
+        node, limits, coord = "hook", InputLimits(), None
     if phase == "pre-receive":
         verdict = check_pre_receive(
             git_dir,
@@ -35,6 +35,7 @@ def run(
             node=node,
             owner_url=_owner_url(git_dir, node),
             limits=limits,
+            coordination=coord,
         )
         for m in verdict.messages:
             print(m, file=sys.stderr)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kovanex import spec as specmod
+from kovanex.coordcfg import ENABLE_HINT, CoordinationConfig
 from kovanex.core import task as taskcore
 from kovanex.gitstate import refs
 from kovanex.gitstate.ledger import TaskLedger, task_id_of
@@ -89,9 +90,10 @@ def check_pre_receive(
     preview: Previewer | None = None,
     owner_url: Callable[[], str | None] | None = None,
     limits: InputLimits = DEFAULT_LIMITS,
+    coordination: CoordinationConfig | None = None,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
-    refuse writes to a replica; honour dry-run."""
+    refuse writes to a replica; refuse consistency the backend cannot give; honour dry-run."""
     verdict = Verdict()
     for err in options.errors:
         verdict.reject(f"kovanex: {err}")
@@ -138,6 +140,10 @@ def check_pre_receive(
                 "kovanex: fix the spec (schema: `kovanex schema`), commit, and push again"
             )
             continue
+        if coordination is not None:
+            _check_failover(
+                specmod.load_spec(data, SPEC_PATH, limits), task_id, coordination, verdict
+            )
         if u.old != ZERO:
             _check_running(store, ledger, task_id, u, verdict)
             _check_epoch(store, ledger, task_id, u, verdict)
@@ -149,6 +155,22 @@ def check_pre_receive(
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
     return verdict
+
+
+def _check_failover(
+    spec: specmod.TaskSpec, task_id: str, coord: CoordinationConfig, verdict: Verdict
+) -> None:
+    """absolute_consistency needs a quorum-backed leader: the gossip backend (AP) has none,
+    so accepting the task would promise what the cluster cannot keep (issue 12)."""
+    failover = spec.failover or coord.failover_default
+    if failover == "absolute_consistency" and coord.backend == "gossip":
+        verdict.reject(
+            f'kovanex: task/{task_id}: failover = "absolute_consistency" needs a quorum '
+            "(a leader lease on NATS JetStream), and this cluster runs the gossip backend, "
+            f"which is AP only. Turn coordination on: {ENABLE_HINT} on the server nodes; "
+            'or set failover = "split_brain_allowed" if running on both sides of a '
+            "partition is acceptable"
+        )
 
 
 def _check_delete(ledger: TaskLedger, task_id: str, verdict: Verdict) -> None:
@@ -178,7 +200,7 @@ def _check_epoch(
     store: Pygit2Store, ledger: TaskLedger, task_id: str, u: RefUpdate, verdict: Verdict
 ) -> None:
     """Fencing: a transition written under an older lease than the branch's is refused."""
-    from kovanex.gitstate.ledger import transition_of
+    from kovanex.gitstate.ledger import term_of, transition_of
 
     tr = transition_of(store.read_commit(u.new).message)
     if tr is None:
@@ -188,6 +210,12 @@ def _check_epoch(
         verdict.reject(
             f"kovanex: task/{task_id}: stale epoch {tr.epoch} < current {current}; this "
             "lease was superseded (the task was cancelled or moved); the writer must stand down"
+        )
+    given = term_of(tr)
+    if given is not None and u.old != ZERO and given < (seen := ledger.newest_term(u.old)):
+        verdict.reject(
+            f"kovanex: task/{task_id}: leader term {given} < term {seen} already granted on "
+            "this branch; a newer leader moved the task, so this writer must stand down"
         )
 
 

@@ -91,7 +91,7 @@ class TaskSpec:
     kind: str = "job"
     priority: int = 50
     retries: int = 0
-    failover: str = "split_brain_allowed"
+    failover: str | None = None  # None: the cluster's [coordination] failover_default
     description: str = ""
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     agent: AgentSpec | None = None
@@ -348,7 +348,7 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
         kind=doc.get("kind", "job"),
         priority=doc.get("priority", 50),
         retries=doc.get("retries", 0),
-        failover=doc.get("failover", "split_brain_allowed"),
+        failover=doc.get("failover"),
         description=doc.get("description", ""),
         placement=placement,
         agent=agent,

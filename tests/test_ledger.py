@@ -25,6 +25,7 @@ from kovanex.gitstate import (
 )
 from kovanex.gitstate import trailers as tr
 from kovanex.gitstate.ledger import task_id_of, task_ref, valid_task_id
+from kovanex.gitstate.store import StaleTerm
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = (ROOT / "templates" / "shell.toml").read_bytes()
@@ -271,6 +272,26 @@ def test_append_refuses_a_stale_epoch(store: RefStore) -> None:
     with pytest.raises(StaleEpoch):
         led.append("t1", stale, expected_tip=v.tip, lease_epoch=new.epoch)
     assert store.get_ref(task_ref("t1")) == v.tip
+
+
+def test_append_refuses_a_grant_from_an_older_leader_term(store: RefStore) -> None:
+    """Issue 12: a placement carries the leader term (Kovanex-Term); a deposed leader's
+    grant, at a lower term than the branch has seen, is refused like a stale epoch."""
+    led = TaskLedger(store, "n1")
+    submit(store, "t1")
+    queue(led, "t1")
+    v = led.read("t1")
+    led.append("t1", T.place(v, "n2", {"Term": 9}), expected_tip=v.tip, lease_epoch=v.epoch + 1)
+    v = led.read("t1")
+    led.append("t1", T.requeue(v, "halted"), expected_tip=v.tip, lease_epoch=v.epoch + 1)
+    v = led.read("t1")
+    assert led.newest_term(v.tip) == 9
+    with pytest.raises(StaleTerm) as exc:
+        led.append("t1", T.place(v, "n3", {"Term": 4}), expected_tip=v.tip, lease_epoch=v.epoch + 1)
+    assert (exc.value.given, exc.value.current) == (4, 9)
+    assert isinstance(exc.value, StaleEpoch)  # every writer already stands down on it
+    led.append("t1", T.place(v, "n3", {"Term": 12}), expected_tip=v.tip, lease_epoch=v.epoch + 1)
+    assert led.read("t1").node == "n3"
 
 
 def test_claim_rules(store: RefStore) -> None:

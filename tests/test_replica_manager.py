@@ -168,6 +168,14 @@ async def create(node: Node, name: str) -> Path:
     return path
 
 
+async def create_replicated(node: Node, name: str, level: str, wanted: int = 2) -> Path:
+    """A repo on `node` with `level` replication, once its `wanted` replicas are placed."""
+    path = await create(node, name)
+    await node.m.set_policy(name, level, wanted)
+    await until(lambda: len(node.m.status(name)["replicas"]) == wanted, what="replicas placed")
+    return path
+
+
 def quarantine(owner: Path, work: Path, new: str, old: str | None, q: Path) -> None:
     """What receive-pack does before pre-receive: the new objects in a side directory."""
     q.mkdir()
@@ -331,9 +339,7 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
         net, nodes = await cluster(tmp_path)
         a, b, c = nodes
         try:
-            path = await create(a, "t")
-            await a.m.set_policy("t", "sync", 2)
-            await until(lambda: set(a.m.status("t")["replicas"]) == {"n2", "n3"}, what="replicas")
+            path = await create_replicated(a, "t", "sync")
             work = Work(tmp_path)
             base = await work.commit()
             a.m.refs_changed("t", await work.push(path, MAIN, TASK))
@@ -373,7 +379,20 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
             nodes[0] = back
             await back.start(seed=new)
             await until(lambda: not back.m.is_owner("t"), 15.0, "demotion")
-            await until(lambda: rev(back.repo("t"), MAIN) == more, 15.0, "old owner follows")
+            # what the new owner lacked is kept under lost/ and offered back: the new
+            # owner merges it (ADR 0028), and the old owner follows the merge
+            await until(
+                lambda: (
+                    git(
+                        "--git-dir", str(new.repo("t")), "rev-list", "--parents", "-n1", MAIN
+                    ).split()[1:]
+                    == [more, lost]
+                ),
+                15.0,
+                "the new owner merged the deposed owner's main",
+            )
+            merged = rev(new.repo("t"), MAIN)
+            await until(lambda: rev(back.repo("t"), MAIN) == merged, 15.0, "old owner follows")
             assert rev(back.repo("t"), "refs/kovanex/lost/1/" + MAIN) == lost
             assert back.m.owner_of("t")[0] == new.name  # type: ignore[index]
             assert new.m.is_owner("t") and new.m.owner_of("t")[2] == 2  # type: ignore[index]

@@ -30,7 +30,7 @@ def test_schema_is_valid_draft_2020_12_and_shipped_as_package_data() -> None:
 
 def test_minimal_spec_gets_defaults() -> None:
     t = load_spec(MINIMAL)
-    assert (t.kind, t.priority, t.retries, t.failover) == ("job", 50, 0, "split_brain_allowed")
+    assert (t.kind, t.priority, t.retries, t.failover) == ("job", 50, 0, None)  # cluster default
     assert t.description == "" and t.agent is None
     assert t.placement == spec.PlacementSpec()
     assert t.steps == (spec.Step(name="build", run="make", timeout_s=3600),)

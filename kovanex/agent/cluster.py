@@ -57,6 +57,7 @@ class Cluster:
         self.local = local
         self.http_url = http_url
         self.on_member_event = on_member_event
+        self.extra_meta: Callable[[], dict[str, Any]] = dict  # coordination's (nats ports)
         cfg = ctx.cfg
         self.keyring = load_keyring(ctx.layout, cfg)
         self.cordoned = False  # DrainNode/CordonNode: no new placements here (meta "cordon")
@@ -128,6 +129,7 @@ class Cluster:
             "http": self.http_url(),
             "health": round(self.local.health(), 2),
             **({"cordon": True} if self.cordoned else {}),
+            **self.extra_meta(),
         }
 
     def refresh(self) -> None:
@@ -186,6 +188,7 @@ class Cluster:
                     "repos_owned": inv.get("owned", []),
                     "repos_replica": inv.get("replica", []),
                     "http": meta.get("http", ""),
+                    "nats": meta.get("nats"),  # [client, cluster] port: runs nats-server
                 }
             )
         return sorted(out, key=lambda d: d["name"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
+from kovanex.agent import coordination
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer
@@ -25,6 +26,7 @@ from kovanex.agent.deadline import PlacementDeadline
 from kovanex.agent.dispatch import Dispatcher, Sweeper
 from kovanex.agent.executor import kill_orphan
 from kovanex.agent.failover import Failover
+from kovanex.agent.halting import ConsistentWork
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
 from kovanex.agent.metrics import Metrics
@@ -92,6 +94,9 @@ class Agent:
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
         self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
         gossip = self.cluster.node
+        self.coord = coordination.make(ctx, self.cluster.members)
+        self.cluster.extra_meta = self.coord.meta
+        self.consistent = ConsistentWork(ctx, self.coord, self.repos, self.runs, self.locks)
         self.deadline = PlacementDeadline(ctx, self.repos, self.placer, self.locks, gossip)
         self.failover = Failover(ctx, self.repos, self.locks, gossip)
         self.replicas = ReplicaManager(
@@ -164,6 +169,12 @@ class Agent:
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
         self.cluster.on_record = self.api.recorded
+        self.scheduler.grant = self.consistent.grant
+        self.consistent.kick = lambda: self.dispatcher.changed("", "")
+        if isinstance(self.coord, coordination.NatsCoordination):
+            self.coord.on_halt = self.consistent.halt
+            self.coord.on_resume = self.consistent.resume
+            self.coord.record = self.cluster.record
 
     # -- wiring helpers ----------------------------------------------------------------
     def http_url(self) -> str:
@@ -244,6 +255,7 @@ class Agent:
         await self.http.start()
         self.api.start()
         await self.cluster.start()
+        await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
         self.remote.start()
         self.deadline.start()
@@ -268,6 +280,7 @@ class Agent:
             asyncio.create_task(self.deadline.guard()),
             asyncio.create_task(self.scaling.run(ctx.stop_event)),
             asyncio.create_task(self.upkeep.run()),
+            asyncio.create_task(self.consistent.watch()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:
@@ -280,6 +293,7 @@ class Agent:
         await self.runs.stop()
         self.watcher.stop()
         await self.replicas.stop()
+        await self.coord.stop()
         await self.cluster.stop(graceful=ctx.leaving)
         await self.http.close()
         await self.api.stop()

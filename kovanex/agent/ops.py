@@ -42,7 +42,10 @@ class ControlOps:
                 "active": len(a.scheduler.active),
                 "assignments": len(a.cluster.node.items("assign")),
                 "upkeep_runs": a.upkeep.runs,
+                "coordination": a.coord.summary(),
             }
+        if op == "cluster.status":
+            return a.coord.status()
         if op == "tokens.changed":  # the CLI edited secrets/tokens.json: tell the cluster
             return {"published": a.token_sync.publish_all()}
         if op == "units":

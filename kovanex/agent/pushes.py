@@ -61,6 +61,7 @@ class PushHandler:
             preview=lambda tid, spec: self.placer.preview(repo, tid, spec),
             owner_url=lambda: None if owner else self.owner_desc(repo),
             limits=self.ctx.cfg.limits,
+            coordination=self.ctx.cfg.coordination,
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be

@@ -11,7 +11,8 @@ their state (composition, no mixins):
 - `ReplicaFetcher` (replica_fetch): fetch into staging unlocked, verify + apply (ADR 0016);
 - `ReplicaLag` (replica_lag): ref announcements, history snapshots, acks, lag;
 - `SyncReplicator` (replica_sync): `sync` pushes and nudges;
-- `ReplicaPlacer` (replica_place): keeping `wanted` replicas placed.
+- `ReplicaPlacer` (replica_place): keeping `wanted` replicas placed;
+- `Reconciler` (reconciler): diverged branches merged after a heal (ADR 0028).
 
 Gossip topics: "owner" (ownership.py), "refs" and "acks" (replica_lag.py). Everything runs
 on the event loop; local git goes through counted threads, network git through
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kovanex.agent.ownership import NotOwner, OwnershipService
+from kovanex.agent.reconciler import Reconciler
 from kovanex.agent.replica_fetch import ReplicaFetcher
 from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_place import ReplicaPlacer
@@ -86,6 +88,10 @@ class ReplicaManager:
             on_owned=on_owned,
             settle_s=takeover_settle_s,
         )
+        self.reconciler = Reconciler(
+            self.rt, self.peers, nudge=self._nudge_owner, merged=self.lag.refs_changed
+        )
+        self.fetcher.on_resynced = lambda repo: self.rt.spawn(self.reconciler.offer(repo))
         self.anti_entropy_s = anti_entropy_s
         self.placement_s = placement_s
         self._unsub: list[Callable[[], None]] = []
@@ -94,6 +100,21 @@ class ReplicaManager:
 
     async def _placed(self, repo: str) -> None:
         await self.ownership.snapshot_and_publish(repo)
+
+    def _nudge_owner(self, owner: str, repo: str) -> None:
+        base = self.peers.http(owner)
+        if base.startswith("http://"):
+            self.rt.spawn(self.sync.nudge(base, repo))
+
+    async def _tick(self) -> None:
+        """Anti-entropy: ownership and fetches, then reconciliation's backstop (a lost
+        offer or nudge): owners merge what is staged, others re-offer what they lost."""
+        await self.ownership.tick()
+        for repo in sorted(self.rt.known):
+            if self.rt.is_owner(repo):
+                await self.reconciler.merge_staged(repo)
+            elif self.path(repo).exists():
+                await self.reconciler.offer(repo)
 
     # -- identity and counters (read by the agent and tests) ---------------------------
     @property
@@ -127,7 +148,7 @@ class ReplicaManager:
         await self.ownership.announce_and_replay(announced)
         loop = asyncio.get_running_loop()
         self._loops = [
-            loop.create_task(self._loop(self.anti_entropy_s, self.ownership.tick)),
+            loop.create_task(self._loop(self.anti_entropy_s, self._tick)),
             loop.create_task(self._loop(self.placement_s, self.placer.place_all)),
         ]
 
@@ -193,8 +214,12 @@ class ReplicaManager:
         return o is not None and bool(o.replicas)
 
     def nudged(self, repo: str) -> bool:
-        """An owner told us its refs moved: fetch now rather than at the next gossip tick."""
-        if not self.is_replica(repo) or self.is_owner(repo):
+        """An owner told us its refs moved: fetch now rather than at the next gossip tick.
+        To an owner it means a deposed owner offered its diverged tips: merge them."""
+        if self.is_owner(repo):
+            self.rt.spawn(self.reconciler.merge_staged(repo))
+            return True
+        if not self.is_replica(repo):
             return False
         self.fetcher.want(repo)
         return True

@@ -7,7 +7,8 @@ fetched from is still current: a fetch from a deposed owner is discarded. An own
 restarts the fetcher, which kills a fetch hanging on a dead owner.
 
 After a new upstream (a takeover, or our own demotion) the next apply first keeps what the
-new owner lacks under `refs/kovanex/lost/<old epoch>/`, then takes the new owner's refs.
+new owner lacks under `refs/kovanex/lost/<old epoch>/`, then takes the new owner's refs;
+`on_resynced` then offers those tips back to the new owner for a merge (ADR 0028).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class ReplicaFetcher:
         self._fetchers: dict[str, asyncio.Task[None]] = {}
         self._resync_from: dict[str, int] = {}  # repo -> epoch of the upstream we left
         self._fresh: set[str] = set()  # copies created and not yet filled
+        # after a resync from a new upstream (lost/ may have grown): offer it (ADR 0028)
+        self.on_resynced: Callable[[str], None] = lambda repo: None
 
     # -- control -------------------------------------------------------------------------
     def want(self, repo: str, *, restart: bool = False) -> None:
@@ -202,6 +205,8 @@ class ReplicaFetcher:
             for ref, why in refused.items():
                 self.rt.error(f"{repo}: {ref} not applied: {why}")
             await self.after_fetch(repo)
+        if old_epoch is not None:
+            self.on_resynced(repo)
 
     def _apply_staged(self, repo: str, old_epoch: int | None) -> dict[str, str]:
         """Move real refs to the staged ones (local git only). Normally task branches only

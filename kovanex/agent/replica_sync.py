@@ -100,9 +100,10 @@ class SyncReplicator:
         for name in o.replicas:
             base = self.peers.http(name)
             if base.startswith("http://"):
-                self.rt.spawn(self._nudge(base, repo))
+                self.rt.spawn(self.nudge(base, repo))
 
-    async def _nudge(self, base: str, repo: str) -> None:
+    async def nudge(self, base: str, repo: str) -> None:
+        """POST /v1/nudge/<repo> to the agent at `base`; best effort."""
         host, _, port = base[len("http://") :].rstrip("/").rpartition(":")
         try:
             r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), NUDGE_CONNECT_S)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kovanex import spec as specmod
@@ -83,6 +84,8 @@ class TaskScheduler:
         self.can_place_remotely: Callable[[], bool] = lambda: False
         self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
         self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
+        # the quorum gate: None waits; else trailers the placement carries (the term)
+        self.grant: Callable[[Any], dict[str, str] | None] = lambda spec: {}
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -234,7 +237,12 @@ class TaskScheduler:
                 self._execute(repo, self.core.decide(repo, view, bad, slot_free=False))
                 self.core.pending.pop(key, None)  # only a new push can change that
                 return
+            grant = self.grant(spec)
+            if grant is None:
+                return  # absolute_consistency without a quorum: it waits queued (issue 12)
             decision = asked[1] if asked else self.placer.decide(repo, task_id, spec)
+            if grant and decision.node:  # the grant carries the leader term
+                decision = replace(decision, extra={**decision.extra, **grant})
             effects = self.core.decide(repo, view, decision, slot_free=self.runs.slots.free > 0)
             if not effects:
                 return

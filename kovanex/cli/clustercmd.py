@@ -48,6 +48,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--list", action="store_true")
     add_format(p)
     p.set_defaults(func=cmd_keys)
+    register_status(sub)
+
+
+def register_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="cluster-wide views: `cluster status` (leader, term)")
+    verbs = p.add_subparsers(dest="cluster_cmd", required=True, metavar="<verb>")
+    s = verbs.add_parser("status", help="leader, term, quorum and each node's view")
+    add_format(s)
+    s.set_defaults(func=cmd_cluster_status)
+
+
+def cmd_cluster_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    """The seed's shape (cluster_size, leader, term, quorum, status, nodes), whatever the
+    backend; NATS's own view is under `backend`."""
+    st = _call(layout, "cluster.status")
+    if args.format == "json":
+        emit_json(st)
+        return 0
+    print(
+        f"cluster of {st['cluster_size']}: leader {st['leader'] or '-'} term {st['term']} "
+        f"quorum {st['quorum'] or '-'} status {st['status']} ({st['backend']['name']})"
+    )
+    if st.get("hint"):
+        print(st["hint"])
+    rows = [(n["id"], n["role"], str(n["term"]), n["last_heartbeat"] or "-") for n in st["nodes"]]
+    print(table(rows, ["NODE", "ROLE", "TERM", "LAST HEARTBEAT"]))
+    return 0
 
 
 def _call(layout: cfgmod.Layout, op: str, **args: Any) -> Any:

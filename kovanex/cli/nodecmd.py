@@ -14,6 +14,7 @@ from pathlib import Path
 from kovanex import config as cfgmod
 from kovanex.agent import control
 from kovanex.cli.output import CliError, add_format, emit_json
+from kovanex.coordcfg import CoordinationConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="requeue a placed task whose runner has not started it by then (profile default)",
     )
     p.add_argument("--join", action="append", default=[], help="peer HOST:PORT to join")
+    p.add_argument(
+        "--coordination",
+        choices=("gossip", "nats"),
+        default="gossip",
+        help="leadership and quorum: gossip (AP only, default) or nats (a JetStream KV "
+        "leader lease; needed for failover = absolute_consistency)",
+    )
     p.add_argument("--profile", default="lan", help="gossip profile: lan|wan|local|seed")
     p.add_argument("--encrypt", metavar="KEY", help="gossip key (base64, see `kovanex keygen`)")
     p.add_argument("--cluster-label", default="", help="gossip label bound into every packet")
@@ -173,6 +181,13 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         units_root=args.units_root,
         insecure_gossip=args.insecure_gossip,
     )
+    if args.coordination == "nats":  # ports recorded now, so nodes can share one host
+        taken = {port, hport}
+        picks = []
+        for _ in range(3):
+            picks.append(_free_port(host, avoid=frozenset(taken)))
+            taken.add(picks[-1])
+        cfg.coordination = CoordinationConfig("nats", *picks)
     if args.placement_deadline is not None:
         if args.placement_deadline <= 0:
             raise CliError("--placement-deadline must be > 0 seconds (the LAN default is 10)")
@@ -206,6 +221,9 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         except ValueError as e:
             raise CliError(f"--encrypt: {e}; make one with `kovanex keygen`") from e
     print(f"initialised node {cfg.name} at {layout.root} (gossip {cfg.gossip_bind})")
+    if cfg.coordination.backend == "nats":
+        c = cfg.coordination
+        print(f"coordination: nats (client {c.client_port}, cluster {c.cluster_port})")
     print(access)
     if cfg.insecure_gossip:
         print("warning: --insecure-gossip: gossip is plaintext; anyone on the network can join")
@@ -306,6 +324,12 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
             )
         else:
             print("gossip NOT encrypted (--insecure-gossip): anyone on the network can join")
+    co = st.get("coordination") or {}
+    if co.get("backend") == "nats":
+        print(
+            f"coordination nats: leader {co['leader'] or '-'} term {co['term']}"
+            + (f"; {co['waiting']}" if co.get("waiting") else "")
+        )
     for r in st["running"]:
         print(f"running  {r}")
     for r in st["pending"]:

@@ -142,11 +142,14 @@ def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
         spec = None
     results: dict[int, dict[str, Any]] = {}
     placements = []
+    reconciled = []  # merges after a partition healed (ADR 0028): which sides, which tips
     for oid, tr, _subject in reversed(led.history(task_id)):
         if tr is None:
             results.clear()
             placements.clear()
             continue
+        if "Reconciled" in tr.extra:
+            reconciled.append({"commit": oid, "sides": tr.extra["Reconciled"]})
         if tr.state == taskcore.PLACED:
             placements.append({"node": tr.node, "epoch": tr.epoch, "commit": oid, **tr.extra})
         if tr.step is not None:
@@ -186,6 +189,7 @@ def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
         "kind": spec.kind if spec else None,
         "steps": steps,
         "placements": placements,
+        "reconciled": reconciled,
     }
 
 

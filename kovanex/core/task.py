@@ -16,6 +16,7 @@ Transition table (h11 style: the table is the source of truth, the functions bel
     requeue        placed, running (failover)                   queued        (epoch + 1)
     cancel         queued, unschedulable, placed, running       cancelled     (epoch + 1)
     retry          failed, cancelled                            queued
+    reconcile      any (a merge after a partition heals)        core/reconcile.py decides
 
 `submitted` is not written by anyone: it is what a branch whose tip is a user commit looks
 like. A user commit on top of kovanex commits starts a new *generation*; the epoch carries over

@@ -21,7 +21,7 @@ from kovanex.gitstate.refs import (  # re-exported: many modules import these fr
 from kovanex.gitstate.refs import task_id_of as task_id_of
 from kovanex.gitstate.refs import task_ref as task_ref
 from kovanex.gitstate.refs import valid_task_id as valid_task_id
-from kovanex.gitstate.store import EMPTY_TREE, CasConflict, RefStore, StaleEpoch
+from kovanex.gitstate.store import EMPTY_TREE, CasConflict, RefStore, StaleEpoch, StaleTerm
 
 SPEC_PATH = ".kovanex/task.toml"
 _IDENT_SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -66,6 +66,15 @@ def subject_for(task_id: str, tr: Transition) -> str:
 
 def transition_of(message: str) -> Transition | None:
     return Transition.from_trailers(trailers.trailer_dict(message))
+
+
+def term_of(tr: Transition | None) -> int | None:
+    """The leader term a grant carries (`Kovanex-Term`), None when it carries none."""
+    raw = None if tr is None else tr.extra.get("Term")
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
 
 
 class TaskLedger:
@@ -142,6 +151,11 @@ class TaskLedger:
                 raise StaleEpoch(task_id, lease_epoch, view.epoch)
             if transition.epoch < view.epoch:
                 raise StaleEpoch(task_id, transition.epoch, view.epoch)
+            given = term_of(transition)
+            if given is not None:
+                seen = self.newest_term(expected_tip)
+                if given < seen:
+                    raise StaleTerm(task_id, given, seen)
             base = tree if tree is not None else self.store.read_commit(expected_tip).tree
         else:
             base = tree if tree is not None else EMPTY_TREE
@@ -167,6 +181,16 @@ class TaskLedger:
             except (CasConflict, StaleEpoch):
                 view = self.read(task_id)  # lost: report what is there now, do not retry
         raise AlreadyClaimed(task_id, view.node, view.epoch, view.state)
+
+    def newest_term(self, tip: str, scan: int = 500) -> int:
+        """The highest leader term a grant on this branch carried (0: none)."""
+        best = 0
+        for i, c in enumerate(self.store.walk(tip)):
+            if i >= scan:
+                break
+            t = term_of(transition_of(c.message))
+            best = max(best, t or 0)
+        return best
 
     def history(self, task_id: str) -> list[tuple[str, Transition | None, str]]:
         tip = self.tip(task_id)

@@ -12,6 +12,8 @@ Layout:
   outside `staging/refs/` so a full fetch's --prune never removes them.
 - `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
   the new owner lacks (forensics; never mirrored).
+- `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>`: a deposed owner's diverged tip,
+  pushed to the surviving owner, which merges it into `<ref>` (ADR 0028).
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
 - `refs/kovanex/archive/<id>`: a finished task's branch after archiving (`archive_ref`);
   hidden from clients' ref advertisement (`HIDDEN`), replicated like task refs.
@@ -30,7 +32,9 @@ KOVANEX = "refs/kovanex/"
 STAGING = "refs/kovanex/staging/"
 STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
+RECONCILE = STAGING + "reconcile/"
 LOST = "refs/kovanex/lost/"
+OFFERED = LOST + "offered/"
 SKIP_PREFIX = "refs/kovanex/skip/"
 ARCHIVE = "refs/kovanex/archive/"
 # Namespaces a client's push or fetch never sees advertised (receive/uploadpack.hideRefs),
@@ -85,6 +89,28 @@ def lost_ref(epoch: int, ref: str) -> str:
     return f"{LOST}{epoch}/{ref}"
 
 
+def reconcile_ref(epoch: int, node: str, ref: str) -> str:
+    """Where the deposed owner of `epoch`, `node`, offers its tip of `ref` to the survivor."""
+    return f"{RECONCILE}{epoch}/{node}/{ref}"
+
+
+def parse_reconcile_ref(name: str) -> tuple[int, str, str] | None:
+    """(epoch, node, ref) of a `reconcile_ref`, None for anything else."""
+    if not name.startswith(RECONCILE):
+        return None
+    epoch, _, rest = name[len(RECONCILE) :].partition("/")
+    node, _, ref = rest.partition("/")
+    if not epoch.isdigit() or not node or not ref.startswith(HEADS):
+        return None
+    return int(epoch), node, ref
+
+
+def offered_ref(epoch: int, ref: str) -> str:
+    """The deposed side's durable note that its lost tip of `ref` reached the survivor
+    (under lost/: local, never mirrored); the tip is not offered again after a restart."""
+    return f"{OFFERED}{epoch}/{ref}"
+
+
 def sync_staging_ref(ref: str) -> str:
     return SYNC_STAGING + ref
 
@@ -101,6 +127,8 @@ __all__ = [
     "KOVANEX",
     "LOST",
     "META_REF",
+    "OFFERED",
+    "RECONCILE",
     "REFS",
     "SKIP_PREFIX",
     "STAGING",
@@ -111,6 +139,9 @@ __all__ = [
     "archived_id_of",
     "lost_ref",
     "mirrored",
+    "offered_ref",
+    "parse_reconcile_ref",
+    "reconcile_ref",
     "sync_staging_ref",
     "task_id_of",
     "task_ref",

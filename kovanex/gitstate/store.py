@@ -40,6 +40,19 @@ class StaleEpoch(Exception):
         self.current = current
 
 
+class StaleTerm(StaleEpoch):
+    """A grant from an older leader term than the branch has seen (issue 12): refused like
+    a stale epoch, so every `except StaleEpoch` already stands the writer down."""
+
+    def __init__(self, task: str, given: int, current: int) -> None:
+        Exception.__init__(
+            self, f"task {task}: leader term {given} is older than the term {current} seen"
+        )
+        self.task = task
+        self.given = given
+        self.current = current
+
+
 @dataclass(frozen=True)
 class CommitInfo:
     oid: str

@@ -179,6 +179,8 @@ class MemoryTransport:
         dst = self.net.endpoints.get(addr)
         if self.closed or dst is None or dst.closed or len(data) > MAX_STREAM:
             return False
+        if self.net.drop(self._addr, addr):  # a partition cuts streams as well as packets
+            return False
         await asyncio.sleep(0)  # yield like a real connect would
         if dst._on_stream is not None and not dst.closed:
             dst._on_stream(bytes(data), self._addr)

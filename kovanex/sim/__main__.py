@@ -31,8 +31,10 @@ def _report_one(r: Result, log: bool) -> None:
             print(f"  {line}")
     print(
         f"{r.tasks} tasks, {r.acked} acknowledged pushes, settled at t={r.settled_at:.1f}, "
-        f"{r.events} events, ownership by {r.ownership}"
+        f"{r.events} events, ownership by {r.ownership}, {r.reconciled} branches reconciled"
     )
+    if r.lease:
+        print(f"lease: {r.lease}")
     _gaps(r.gaps)
 
 
@@ -43,13 +45,15 @@ def _gaps(gaps: list[str]) -> None:
             print(f"  ~ {g}")
 
 
-def _fail(r: Result, strict: bool) -> None:
+def _fail(r: Result, strict: bool, reconcile: bool = True) -> None:
     print(f"seed {r.seed}: {len(r.violations)} violation(s)")
     for v in r.violations:
         print(f"  ! {v}")
     extra = " --strict" if strict else ""
     if r.ownership != "decider":
         extra += f" --ownership {r.ownership}"
+    if not reconcile:
+        extra += " --no-reconcile"
     print(f"KOVANEX_SEED={r.seed}  (replay: python -m kovanex.sim --seed {r.seed}{extra} --log)")
 
 
@@ -65,24 +69,31 @@ def main(argv: list[str] | None = None) -> int:
         choices=["decider", "replication"],
         help="ownership rules: the core/takeover.py decider the agent runs (default), or ADR 0007 applied through core/replication.py",
     )
+    ap.add_argument(
+        "--no-reconcile",
+        dest="reconcile",
+        action="store_false",
+        help="the old heal: a deposed owner's diverged tips kept only under lost/ (ADR 0028)",
+    )
     args = ap.parse_args(argv)
+    opts = {"strict": args.strict, "ownership": args.ownership, "reconcile": args.reconcile}
     if args.seed is not None:
-        r = simulate(args.seed, strict=args.strict, ownership=args.ownership)
+        r = simulate(args.seed, **opts)
         _report_one(r, args.log)
         if r.ok:
             print(f"seed {r.seed}: every invariant holds")
             return 0
-        _fail(r, args.strict)
+        _fail(r, args.strict, args.reconcile)
         return 1
     t0 = time.perf_counter()
     failed = 0
     kinds: Counter[str] = Counter()
     for seed in args.seeds:
-        r = simulate(seed, strict=args.strict, ownership=args.ownership)
+        r = simulate(seed, **opts)
         kinds.update({g.split(" (")[0].split(":")[0] for g in r.gaps})
         if not r.ok:
             failed += 1
-            _fail(r, args.strict)
+            _fail(r, args.strict, args.reconcile)
             if args.log:
                 _report_one(r, True)
     n = len(args.seeds)

@@ -7,9 +7,10 @@
   (two stuck states are reported as known liveness gaps, see `unfinished`);
 - exactly one owner per repo: one live node owns it and every live node agrees.
 
-An async repo promises only its replication lag (ADR 0007): a loss of a commit acked by
-an owner that was later deposed is reported as a known gap (`lost_acked` returns it in
-`gaps`), unless `strict` - the mode that shows the split-brain defect (ADR 0019).
+No acknowledged commit only under lost/: since reconciliation (ADR 0028) a commit acked
+by an owner that was later deposed (split brain, a split takeover, a stale sync record)
+must be merged into the survivor's branch; `lost_acked` counts every loss. With
+`World.reconcile = False` (the old rule) those losses are known gaps unless `strict`.
 """
 
 from __future__ import annotations
@@ -86,9 +87,16 @@ def unfinished(w: World, repos: list[str]) -> tuple[list[str], list[str]]:
 
 
 def lost_acked(w: World, strict: bool = False) -> tuple[list[str], list[str]]:
-    """(violations, known gaps) for acknowledged pushes missing from the owner's branch."""
+    """(violations, known gaps) for acknowledged pushes missing from the owner's branch.
+
+    With reconciliation (ADR 0028, `w.reconcile`) every loss is a violation, whatever the
+    level: a deposed owner's diverged tips are merged, never left only under lost/. The
+    old explanations (split brain, split takeover, stale-record takeover) still name the
+    cause in the message. Without it (`w.reconcile = False`, the old rule) they are known
+    gaps unless `strict`."""
     bad: list[str] = []
     gaps: list[str] = []
+    strict = strict or w.reconcile
     own = owners(w)
     for ack in w.trace.acked:
         holders = own.get(ack.repo, [])
@@ -105,7 +113,7 @@ def lost_acked(w: World, strict: bool = False) -> tuple[list[str], list[str]]:
         )
         kind = _gap_kind(w, ack)
         if strict or not kind:
-            bad.append(msg)
+            bad.append(f"{msg} ({kind})" if kind else msg)
         else:
             gaps.append(f"{kind}: {msg}")
     return bad, gaps

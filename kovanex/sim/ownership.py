@@ -96,3 +96,5 @@ class DecidedRepos(Repos):
 
     def tick(self) -> None:
         self._decide(tk.Tick())
+        for repo in sorted(self.offers):
+            self.offer(repo)

@@ -5,8 +5,9 @@ What survives a crash lives in `Disk` (the repos, the ownership record in
 are the pure ones from `core/replication.py`: `successor()` picks the live replica with
 the most of the owner's refs, `takeover()` writes epoch + 1, `choose_replicas()` refills.
 A deposed owner that learns of a higher epoch keeps what the new owner lacks under
-`refs/kovanex/lost/<old epoch>/` and follows the new owner: today's rule, whose async
-gap the simulator reports (ADR 0019).
+`refs/kovanex/lost/<old epoch>/`, follows the new owner, and offers those tips back: the
+owner merges each one (`take_offer`, the same decider and commit as the agent, ADR 0028).
+`World.reconcile = False` gives the old rule, whose split-brain loss the checker reports.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kovanex.core.replication import MemberView, Ownership, choose_replicas, successor, takeover
 from kovanex.gitstate.ledger import TASK_PREFIX, TaskLedger, task_ref
+from kovanex.gitstate.reconcile import merge_base, reconcile_ref
 from kovanex.sim.world import LOST, SimStore
 
 if TYPE_CHECKING:
@@ -60,6 +62,8 @@ class Repos:
         self.disk = disk
         self.announcing: set[str] = set()
         self.announced: dict[str, dict[str, str]] = {}  # repo -> ref -> oid we gossiped
+        # repo -> (ref, diverged tip) -> the ownership epoch we followed: to offer (ADR 0028)
+        self.offers: dict[str, dict[tuple[str, str], int]] = {}
 
     # ------------------------------------------------------------ reading
     def owns(self, repo: str) -> bool:
@@ -135,6 +139,7 @@ class Repos:
                 self.refill(repo)
             else:
                 self.try_takeover(repo)
+                self.offer(repo)
 
     def try_takeover(self, repo: str) -> None:
         o = self.disk.meta.get(repo)
@@ -238,24 +243,85 @@ class Repos:
         upstream = (o.owner, o.epoch)
         moved = self.disk.synced.get(repo, upstream) != upstream
         old = self.disk.synced.get(repo, upstream)[1]
+        diverged: dict[str, str] = {}
         for ref, oid in refs.items():
             mine = store.get_ref(ref)
             if mine == oid:
                 continue
             if mine is not None and not store.contains(oid, mine):
                 store.force_ref(f"{LOST}{old}/{ref[5:]}", mine)
+                diverged[ref] = mine
                 self.w.note(f"{self.me}: {repo} {ref} {mine[:8]} kept under lost/{old}")
             store.force_ref(ref, oid)
         if moved:
             for ref, mine in store.refs(TASK_PREFIX).items():
                 if ref not in refs:
                     store.force_ref(f"{LOST}{old}/{ref[5:]}", mine)
+                    diverged[ref] = mine
                     store.force_ref(ref, None)
                     self.w.note(f"{self.me}: {repo} {ref} {mine[:8]} kept under lost/{old}")
+        if diverged and self.w.reconcile:
+            self.offers.setdefault(repo, {}).update(
+                {(ref, tip): old for ref, tip in diverged.items()}
+            )
+            self.offer(repo)
         self.disk.synced[repo] = upstream
         staged = self.disk.staged.get(repo, {})
         for ref in [r for r, oid in staged.items() if store.contains(store.get_ref(r), oid)]:
             del staged[ref]
+
+    # ------------------------------------------------------------ reconciliation
+    def offer(self, repo: str) -> None:
+        """Deposed side: offer each diverged tip to the owner until it answers (ADR 0028).
+        Offers live in memory: a crash before the owner answered leaves them under lost/,
+        which is what the checker would then report."""
+        o = self.disk.meta.get(repo)
+        pending = self.offers.get(repo, {})
+        if o is None or o.owner == self.me or not pending:
+            return
+        owner = self.w.agents[o.owner]
+        for (ref, tip), epoch in sorted(pending.items()):
+
+            def done(ok: Any, key: tuple[str, str] = (ref, tip)) -> None:
+                if ok:
+                    self.offers.get(repo, {}).pop(key, None)
+
+            self.w.rpc(
+                self.me,
+                o.owner,
+                lambda respond, r=ref, t=tip, e=epoch: respond(
+                    owner.repos.take_offer(repo, r, t, self.me, e)
+                ),
+                done,
+                _nop,
+            )
+
+    def take_offer(self, repo: str, ref: str, tip: str, node: str, epoch: int) -> bool:
+        """Survivor side: merge a deposed owner's tip into `ref` by CAS; False if we do
+        not own the repo (the offerer retries with whoever does)."""
+        if not self.owns(repo):
+            return False
+        store = self.store(repo)
+        ours = store.get_ref(ref)
+        contained = ours is not None and store.contains(ours, tip)
+        base = merge_base(store, ours, tip) if ours is not None and not contained else None
+        new = reconcile_ref(
+            store,
+            ref,
+            (self.me, self.disk.meta[repo].epoch, ours) if ours else None,
+            (node, epoch, tip),
+            self.ledger(repo).author,
+            contained=contained,
+            base=base,
+            time=0,
+        )
+        if new is not None and new != ours:
+            store.cas_ref(ref, new, ours)
+            self.w.reconciled.append((repo, ref, node, tip, new))
+            self.w.note(f"{self.me}: {repo} {ref} reconciled with {node}'s {tip[:8]}")
+            self.a.kick(repo)
+            self.changed(repo)
+        return True
 
     # ------------------------------------------------------------ pushes
     def handle_push(

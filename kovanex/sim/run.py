@@ -10,6 +10,7 @@ from kovanex.gitstate.ledger import SPEC_PATH
 from kovanex.gitstate.store import EMPTY_TREE
 from kovanex.sim import checks
 from kovanex.sim.agents import SimAgent
+from kovanex.sim.lease import LeaseModel
 from kovanex.sim.scenario import Push, Scenario, generate, spec_toml
 from kovanex.sim.world import Acked, World
 
@@ -19,10 +20,14 @@ PUSH_TRIES = 6
 PUSH_RETRY = 8.0
 INVARIANTS = (
     "at most one runner per lease (task, epoch), checked as every run starts a step",
-    "no acknowledged push lost (sync and none: always; async: unless the acking owner "
-    "was deposed - reported as a known gap)",
+    "no acknowledged push lost, at any level, even when the acking owner was deposed: "
+    "none only under refs/kovanex/lost/ (diverged branches are reconciled, ADR 0028)",
     "every task final (succeeded/failed/cancelled) on its owner after the heal",
     "exactly one owner per repo after the heal, and every live node agrees",
+    "lease (core/leader.py over a modelled JetStream KV register): at most one holder per "
+    "term, never two leaders at once, no write with an older term accepted, an "
+    "absolute-consistency job never runs on two nodes at once nor past its node's halt "
+    "deadline, and every acknowledged job done after the heal (ADR 0029)",
 )
 
 
@@ -38,6 +43,8 @@ class Result:
     events: int
     log: list[str] = field(default_factory=list)
     ownership: str = ""
+    reconciled: int = 0  # diverged branches merged after a heal (ADR 0028)
+    lease: str = ""  # what the lease model saw (ADR 0029)
 
     @property
     def ok(self) -> bool:
@@ -47,10 +54,18 @@ class Result:
 class Driver:
     """Feeds a scenario's pushes and faults into a world."""
 
-    def __init__(self, sc: Scenario, verbose: bool = False, ownership: str | None = None) -> None:
+    def __init__(
+        self,
+        sc: Scenario,
+        verbose: bool = False,
+        ownership: str | None = None,
+        reconcile: bool = True,
+        lease: bool = True,
+    ) -> None:
         self.sc = sc
         decider = (ownership or DEFAULT_OWNERSHIP) == "decider"
         w = self.w = World(sc.seed, len(sc.nodes), loss=sc.loss, verbose=verbose, decider=decider)
+        w.reconcile = reconcile
         for i, name in enumerate(sc.nodes):
             w.agents[name] = SimAgent(w, name, sc.labels[name], sc.seed * 7919 + i)
         for r in sc.repos:
@@ -61,6 +76,7 @@ class Driver:
                 if a.name == r.owner or a.name in r.replicas:
                     a.repos.store(r.name)
                     a.disk.synced[r.name] = (r.owner, 1)
+        self.lease = LeaseModel(w, sc.seed) if lease else None
         self.open = 0
         self.outcomes: dict[tuple[str, str], list[str]] = {}  # (repo, task) -> each attempt
         for p in sc.pushes:
@@ -78,10 +94,14 @@ class Driver:
     def crash(self, name: str) -> None:
         if self.w.agents[name].up:
             self.w.agents[name].crash()
+            if self.lease is not None:
+                self.lease.crash(name)
 
     def restart(self, name: str) -> None:
         if not self.w.agents[name].up:
             self.w.agents[name].restart()
+            if self.lease is not None:
+                self.lease.restart(name)
 
     def push(self, p: Push, attempt: int) -> None:
         """A user pushes a new task branch to the owner its nearby node knows of."""
@@ -185,21 +205,33 @@ class Driver:
         if not all(a.up for a in w.agents.values()):
             return False
         repos = [r.name for r in self.sc.repos]
+        if self.lease is not None and self.lease.unfinished():
+            return False
         return not checks.one_owner(w, repos) and not checks.unfinished(w, repos)[0]
 
 
 def simulate(
-    seed: int, strict: bool = False, verbose: bool = False, ownership: str | None = None
+    seed: int,
+    strict: bool = False,
+    verbose: bool = False,
+    ownership: str | None = None,
+    reconcile: bool = True,
+    lease: bool = True,
 ) -> Result:
     """Run one seed. `ownership`: "decider" (the default: core/takeover.py, as the agent
-    runs it) or "replication" (ADR 0007's rules applied through core/replication.py)."""
+    runs it) or "replication" (ADR 0007's rules applied through core/replication.py).
+    `reconcile=False` replays the old heal (diverged tips kept only under lost/);
+    `lease=False` leaves the coordination backend and the leader lease out (ADR 0029)."""
     sc = generate(seed)
-    d = Driver(sc, verbose, ownership)
+    d = Driver(sc, verbose, ownership, reconcile, lease)
     w = d.w
     settled = w.run_until(sc.quiet_at + BUDGET, d.settled)
     repos = [r.name for r in sc.repos]
     bad = list(w.trace.violations)
     stuck, gaps = checks.unfinished(w, repos)
+    if d.lease is not None:
+        bad += d.lease.violations()
+        stuck += d.lease.unfinished()
     if not settled:
         why = checks.one_owner(w, repos) + stuck
         if d.open:
@@ -222,4 +254,6 @@ def simulate(
         w.loop.events,
         w.trace.log,
         "decider" if w.decider else "replication",
+        len(w.reconciled),
+        d.lease.summary() if d.lease is not None else "",
     )

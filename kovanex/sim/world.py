@@ -118,6 +118,10 @@ class World:
         self.max_epoch: dict[str, int] = {}  # repo -> highest ownership epoch ever written
         # repo -> [(new epoch, new owner, the replica set it took over from)]
         self.takeovers: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
+        # deposed owners offer diverged tips back and the owner merges them (ADR 0028);
+        # False replays the old rule (kept only under lost/) to show what the checker finds
+        self.reconcile = True
+        self.reconciled: list[tuple[str, str, str, str, str]] = []  # repo, ref, from, tip, new
         self.agents: dict[str, Any] = {}  # name -> SimAgent
         self.cluster.on_publish.append(self._on_publish)
 

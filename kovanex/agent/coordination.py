@@ -1,0 +1,417 @@
+"""Who leads the cluster, at which term, and may consistent work run here: the coordination
+backend behind one small interface (issue 12, ADR 0026).
+
+- `GossipCoordination`: today's behaviour. AP only: no leader among several nodes
+  (`status: "uncoordinated"`); a lone node is its own leader at term 1.
+- `NatsCoordination`: a supervised `nats-server` child (natsserver.py) forms a JetStream
+  cluster with the other SERVER/FULL nodes; the leader lease is a KV key held by
+  compare-and-swap. The decisions are the pure decider's (kovanex/core/leader.py); this
+  shell performs its effects (CAS writes, heartbeats) and feeds the answers back.
+
+Reads (the leader key, node heartbeats) only inform status and the followers' TTL clock;
+only a CAS write makes a leader. No lock is held across a NATS call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kovanex import config as cfgmod
+from kovanex.agent.context import NodeContext
+from kovanex.agent.natsserver import NatsServer
+from kovanex.coordcfg import ENABLE_HINT
+from kovanex.core import leader as core
+from kovanex.core.effects import SetTimer
+
+log = logging.getLogger("kovanex.coordination")
+BUCKET = "kovanex"
+LEADER_KEY = "leader"
+RUNS_NATS = ("full", "server")
+# JetStream's maximum. The bucket's own Raft group must be the cluster's majority: with R3
+# on 5 servers a 2 | 3 split can leave 2 of the 3 replicas on the minority side, and the
+# majority could then elect nobody (found by tests/test_partition_nats.py).
+MAX_REPLICAS = 5
+Members = Callable[[], list[dict[str, Any]]]
+
+
+class Coordination(Protocol):
+    backend: str
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def meta(self) -> dict[str, Any]: ...
+    def status(self) -> dict[str, Any]: ...
+    def summary(self) -> dict[str, Any]: ...
+    def can_place(self) -> bool: ...
+    def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None: ...
+
+
+def _alive(members: list[dict[str, Any]], me: str) -> list[dict[str, Any]]:
+    out = [m for m in members if m["status"] in ("alive", "suspect") or m["name"] == me]
+    if not any(m["name"] == me for m in out):
+        out.append({"name": me, "status": "alive", "role": "full"})
+    return sorted(out, key=lambda m: m["name"])
+
+
+class GossipCoordination:
+    """AP only. Leadership is not decided among several nodes; consistent tasks are refused
+    at push time (pushcheck), so placement never waits for a quorum here."""
+
+    backend = "gossip"
+
+    def __init__(self, ctx: NodeContext, members: Members) -> None:
+        self.ctx = ctx
+        self.members = members
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def meta(self) -> dict[str, Any]:
+        return {}
+
+    def can_place(self) -> bool:
+        return True
+
+    def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None:
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {"backend": "gossip", "leader": None, "term": 0, "quorum": None}
+
+    def status(self) -> dict[str, Any]:
+        nodes = _alive(self.members(), self.ctx.name)
+        if len(nodes) == 1:  # a lone node is its own leader, as the seed says
+            me = self.ctx.name
+            one = {"id": me, "role": "leader", "term": 1, "last_heartbeat": "0s ago"}
+            return {
+                "cluster_size": 1,
+                "leader": me,
+                "term": 1,
+                "quorum": 1,
+                "status": "healthy",
+                "nodes": [one],
+                "backend": {"name": "gossip"},
+            }
+        return {
+            "cluster_size": len(nodes),
+            "leader": None,
+            "term": 0,
+            "quorum": None,
+            "status": "uncoordinated",
+            "hint": f"no leader on the gossip backend (AP only); turn coordination on: "
+            f"{ENABLE_HINT} on the server nodes",
+            "nodes": [
+                {"id": m["name"], "role": "member", "term": 0, "last_heartbeat": None}
+                for m in nodes
+            ],
+            "backend": {"name": "gossip"},
+        }
+
+
+class NatsCoordination:
+    """The JetStream-KV lease, driven by core/leader.py."""
+
+    backend = "nats"
+
+    def __init__(self, ctx: NodeContext, members: Members) -> None:
+        self.ctx = ctx
+        self.members = members
+        c = ctx.cfg.coordination
+        self.host = cfgmod.parse_addr(ctx.cfg.gossip_bind)[0]
+        self.server: NatsServer | None = None
+        if ctx.cfg.role in RUNS_NATS:
+            self.server = NatsServer(ctx.name, self.host, c, ctx.layout.root)
+        self.state = core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
+        self.kv: Any = None
+        self.nc: Any = None
+        self.heartbeats: dict[str, tuple[dict[str, Any], float]] = {}
+        self.jsz: dict[str, Any] | None = None
+        self.wake = asyncio.Event()
+        self.wake_at = 0.0
+        self.tasks: list[asyncio.Task[Any]] = []
+        # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
+        # bench/leader_failover_bench.py's "both die together" case.
+        self.step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
+        # wired by the agent
+        self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
+        self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
+        self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        c = self.ctx.cfg.coordination
+        return {"nats": [c.client_port, c.cluster_port]} if self.server is not None else {}
+
+    def _peers(self, gone_too: bool = False) -> list[tuple[str, int, int]]:
+        """(host, client port, cluster port) of members that run NATS, us included.
+        `gone_too`: dead ones as well (routes: a partitioned server comes back, and NATS
+        retries a route to a dead one harmlessly); only a graceful leave drops a route."""
+        c = self.ctx.cfg.coordination
+        out = [(self.host, c.client_port, c.cluster_port)] if self.server is not None else []
+        ok = ("alive", "suspect", "dead") if gone_too else ("alive", "suspect")
+        for m in self.members():
+            ports = m.get("nats")
+            if m["name"] == self.ctx.name or not ports or m["status"] not in ok:
+                continue
+            out.append((m["addr"].rpartition(":")[0], int(ports[0]), int(ports[1])))
+        return sorted(set(out))
+
+    async def start(self) -> None:
+        if self.server is not None:
+            await self.server.start(f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
+        self.tasks = [
+            asyncio.create_task(self._connect_and_drive()),
+            asyncio.create_task(self._keep_routes()),
+        ]
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        if self.nc is not None:
+            try:
+                await asyncio.wait_for(self.nc.close(), 2.0)
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing on the way out
+                pass
+        if self.server is not None:
+            await self.server.stop()
+
+    async def _keep_routes(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.server is not None:
+                routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
+                if self.server.set_routes(routes):
+                    log.info("nats routes now %s", sorted(self.server.routes))
+                code, body = await self.server.monitor("/jsz")
+                self.jsz = body if code == 200 else None
+            await self._grow_bucket()
+
+    # -- the NATS client ---------------------------------------------------------------
+    async def _connect_and_drive(self) -> None:
+        import nats
+
+        # A server node talks to its own server only: it is always reachable, and NATS
+        # routes the request to the stream leader (a connection to a cut-off remote server
+        # would hang until the ping timeout). Other roles use any server, pinging often.
+        servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()]
+        if self.server is not None:
+            servers = [self.server.client_url]
+        self.nc = await nats.connect(
+            servers=servers,
+            connect_timeout=1,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            allow_reconnect=True,
+            dont_randomize=self.server is not None,
+            ping_interval=1,
+            max_outstanding_pings=2,
+        )
+        js = self.nc.jetstream(timeout=1.0)
+        self.kv = await self._bucket(js)
+        self.record("coordination", {"msg": "joined the NATS KV bucket"})
+        self.tasks.append(asyncio.create_task(self._read_loop()))
+        await self._drive()
+
+    async def _bucket(self, js: Any) -> Any:
+        """Create or bind the bucket; on a fresh cluster the first create can go unanswered,
+        so retry until a quorum answers."""
+        while True:
+            try:
+                return await js.key_value(BUCKET)
+            except Exception:  # noqa: BLE001 - not there yet, or no quorum yet
+                pass
+            try:
+                n = min(MAX_REPLICAS, len(self._peers()))
+                return await js.create_key_value(bucket=BUCKET, history=1, replicas=max(1, n))
+            except Exception as e:  # noqa: BLE001
+                log.debug("bucket not ready: %s", e)
+                await asyncio.sleep(0.5)
+
+    async def _grow_bucket(self) -> None:
+        """A bucket made while fewer servers were known gets more replicas as they join."""
+        if self.kv is None or self.nc is None or self.server is None:
+            return
+        try:
+            js = self.nc.jetstream(timeout=1.0)
+            info = await js.stream_info(f"KV_{BUCKET}")
+            want = min(MAX_REPLICAS, len(self._peers()))
+            if info.config.num_replicas < want:
+                info.config.num_replicas = want
+                await js.update_stream(info.config)
+                log.info("KV bucket now has %d replicas", want)
+            if self.step_away and core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
+                leader = info.cluster.leader if info.cluster else None
+                if leader == self.ctx.name:  # keep the stream leader off the lease holder
+                    await self.nc.request(
+                        f"$JS.API.STREAM.LEADER.STEPDOWN.KV_{BUCKET}", b"", timeout=1.0
+                    )
+        except Exception as e:  # noqa: BLE001 - retried next second
+            log.debug("bucket check: %s", e)
+
+    # -- driving the decider -------------------------------------------------------------
+    def _apply(self, ev: Any) -> None:
+        now = self.ctx.clock.monotonic()
+        self.state, effects = core.decide(self.state, ev, now)
+        for e in effects:
+            self._execute(e, now)
+
+    def _execute(self, e: Any, now: float) -> None:
+        if isinstance(e, SetTimer):
+            self.wake_at = e.at
+        elif isinstance(e, core.Acquire | core.Renew | core.Heartbeat):
+            self.tasks.append(asyncio.create_task(self._write(e, now)))
+        elif isinstance(e, core.BecameLeader):
+            log.info("%s is leader at term %d", self.ctx.name, e.term)
+            self.record("leader", {"msg": f"{self.ctx.name} leads at term {e.term}"})
+        elif isinstance(e, core.LostLeadership):
+            log.warning("lost leadership of term %d: %s", e.term, e.reason)
+            self.record("leader", {"msg": f"lost term {e.term}: {e.reason}"})
+        elif isinstance(e, core.Halt):
+            self.on_halt(e.repo, e.task_id, e.reason)
+        elif isinstance(e, core.Resume):
+            self.on_resume(e.repo, e.task_id, e.term)
+
+    async def _write(self, e: Any, sent: float) -> None:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        op = {core.Acquire: "acquire", core.Renew: "renew", core.Heartbeat: "heartbeat"}[type(e)]
+        try:
+            if isinstance(e, core.Heartbeat):
+                body = {"term": self.state.term, "leader": self.state.leader, "at": self._wall()}
+                rev = await self.kv.put(f"node.{self.ctx.name}", json.dumps(body).encode())
+            else:
+                value = json.dumps({"holder": e.lease.holder, "term": e.lease.term}).encode()
+                if e.last == 0:
+                    rev = await self.kv.create(LEADER_KEY, value)
+                else:
+                    rev = await self.kv.update(LEADER_KEY, value, last=e.last)
+            ev = core.CasDone(op, sent, True, rev)
+        except KeyWrongLastSequenceError:
+            rev, lease = await self._read_leader()
+            ev = core.CasDone(op, sent, False, rev, lease, unavailable=rev == 0)
+        except Exception as ex:  # noqa: BLE001 - no responders, timeout, reconnecting
+            log.debug("%s unavailable: %s", op, ex)
+            ev = core.CasDone(op, sent, False, unavailable=True)
+        self._apply(ev)
+        self.wake.set()
+
+    async def _read_leader(self) -> tuple[int, core.Lease | None]:
+        try:
+            entry = await self.kv.get(LEADER_KEY)
+        except Exception:  # noqa: BLE001 - absent (deleted) or unreachable
+            return 0, None
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            return int(entry.revision or 0), None
+        d = json.loads(entry.value)
+        return int(entry.revision), core.Lease(str(d["holder"]), int(d["term"]))
+
+    async def _read_loop(self) -> None:
+        """Followers' view of the lease and everyone's heartbeats (informational)."""
+        period = min(0.25, self.ctx.cfg.coordination.renew_interval_s / 2)
+        while True:
+            rev, lease = await self._read_leader()
+            if rev:
+                self._apply(core.KeySeen(rev, lease))
+            for m in _alive(self.members(), self.ctx.name):
+                try:
+                    entry = await self.kv.get(f"node.{m['name']}")
+                except Exception:  # noqa: BLE001
+                    continue
+                if entry.value:
+                    self.heartbeats[m["name"]] = (json.loads(entry.value), entry.revision)
+            self.wake.set()
+            await asyncio.sleep(period)
+
+    async def _drive(self) -> None:
+        self._apply(core.Tick())
+        while True:
+            delay = max(0.0, self.wake_at - self.ctx.clock.monotonic())
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 0.5))
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            self._apply(core.Tick())
+
+    # -- queries -------------------------------------------------------------------------
+    def _wall(self) -> float:
+        return round(self.ctx.clock.time(), 3)
+
+    def can_place(self) -> bool:
+        return core.can_place(self.state, self.ctx.clock.monotonic())
+
+    def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None:
+        if tasks != self.state.consistent:
+            self._apply(core.TasksRunning(tasks))
+
+    def summary(self) -> dict[str, Any]:
+        """For `kovanex status`: it answers before a quorum exists and says so."""
+        now = self.ctx.clock.monotonic()
+        quorum = core.has_quorum(self.state, now)
+        out: dict[str, Any] = {
+            "backend": "nats",
+            "leader": self.state.leader,
+            "term": self.state.term,
+            "quorum": quorum,
+            "halted": sorted(f"{r}/{t}" for r, t in self.state.halted),
+        }
+        if not quorum:
+            peers = len(self._peers())
+            out["waiting"] = (
+                f"waiting for a NATS quorum ({core.quorum_of(max(peers, 1))} of {peers} "
+                "server(s) known must answer)"
+            )
+        return out
+
+    def status(self) -> dict[str, Any]:
+        now = self.ctx.clock.monotonic()
+        nodes = _alive(self.members(), self.ctx.name)
+        servers = max(1, len(self._peers()))
+        quorum = core.has_quorum(self.state, now)
+        leader = self.state.leader
+        # without a quorum we cannot vouch for anyone's lease (a cut-off node's view is stale)
+        held = quorum and leader is not None
+        held = held and (leader != self.ctx.name or core.leads(self.state, now))
+        rows = []
+        for m in nodes:
+            hb = self.heartbeats.get(m["name"])
+            role = "leader" if m["name"] == leader and held else "follower"
+            term = int(hb[0].get("term", 0)) if hb else 0
+            if m["name"] == self.ctx.name:
+                term = self.state.term
+            ago = None if hb is None else max(0.0, self._wall() - float(hb[0].get("at", 0)))
+            rows.append(
+                {
+                    "id": m["name"],
+                    "role": role,
+                    "term": term,
+                    "last_heartbeat": None if ago is None else f"{ago:.1f}s ago",
+                }
+            )
+        status = "healthy" if quorum and held else ("electing" if quorum else "no-quorum")
+        backend: dict[str, Any] = {"name": "nats", "servers": servers}
+        if self.jsz is not None:
+            backend["jsz"] = {k: self.jsz.get(k) for k in ("meta_cluster", "streams", "config")}
+        return {
+            "cluster_size": len(nodes),
+            "leader": leader if held else None,
+            "term": self.state.term,
+            "quorum": core.quorum_of(servers),
+            "status": status,
+            "nodes": rows,
+            "backend": backend,
+        }
+
+
+def make(ctx: NodeContext, members: Members) -> Coordination:
+    if ctx.cfg.coordination.backend == "nats":
+        return NatsCoordination(ctx, members)
+    return GossipCoordination(ctx, members)

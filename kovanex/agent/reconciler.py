@@ -1,0 +1,165 @@
+"""Reconciliation after a heal, the shell of `kovanex.core.reconcile` (ADR 0028).
+
+Two halves, one per side of the healed partition:
+- the deposed side (`offer`): after its resync kept what the new owner lacks under
+  `refs/kovanex/lost/<epoch>/`, it pushes those branch tips to the survivor's
+  `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>` (staging: the hooks accept it, a
+  replica's fetch never mirrors it) and nudges it. No lock is held: it is network I/O.
+  A delivered tip is noted under `refs/kovanex/lost/offered/` so that a restart does not
+  offer it again (which would revive a branch the owner deleted since).
+- the survivor (`merge_staged`): under the repo lock, local git only, it asks the decider
+  what commit brings each offered tip in, writes it, and moves the branch and drops the
+  offer in ONE compare-and-swap transaction; a branch that moved meanwhile is retried on the
+  next pass. The anti-entropy tick is the backstop for a lost push or nudge.
+Every replication level takes part: a sync minority refuses pushes, but a replica dropped
+from a sync repo's set can still take it over on a stale record (the simulator found it),
+and a merge loses nothing where a move aside would.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+
+from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.gitstate import gitcli
+from kovanex.gitstate.gitcli import GitError
+from kovanex.gitstate.ledger import TaskLedger
+from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.reconcile import reconcile_ref
+from kovanex.gitstate.refs import (
+    HEADS,
+    LOST,
+    OFFERED,
+    RECONCILE,
+    offered_ref,
+    parse_reconcile_ref,
+)
+from kovanex.gitstate.refs import reconcile_ref as offer_ref
+
+log = logging.getLogger("kovanex.replica")
+
+
+class Reconciler:
+    """Offers diverged tips (deposed side) and merges offers (survivor); see module doc."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        peers: Peers,
+        *,
+        nudge: Callable[[str, str], None],
+        merged: Callable[[str], None],
+        push_timeout_s: float = gitcli.SYNC_PUSH_TIMEOUT_S,
+    ) -> None:
+        self.rt = rt
+        self.peers = peers
+        self.nudge = nudge  # (owner node, repo): tell the survivor to merge now
+        self.merged = merged  # the survivor's branches moved: announce them
+        self.push_timeout_s = push_timeout_s
+        self.merges: collections.Counter[str] = collections.Counter()  # per repo, for tests
+        self._offered: set[tuple[str, str, str]] = set()  # (repo, owner, lost oid)
+
+    # -- the deposed side ----------------------------------------------------------------
+    async def offer(self, repo: str) -> bool:
+        """Push every lost branch tip the owner may lack to its reconcile staging.
+        True if there was nothing to offer or the owner took it all."""
+        o = self.rt.known.get(repo)
+        if o is None or o.owner == self.rt.node:
+            return True
+        url = self.peers.repo_url(repo, o.owner)
+        path = self.rt.path(repo)
+        if not url or not path.exists():
+            return False
+        lost = await self.rt.thread(gitcli.for_each_ref, path, LOST)
+        done = {oid for name, oid in lost.items() if name.startswith(OFFERED)}
+        offers: dict[str, str] = {}
+        marks: list[tuple[str, str, None]] = []
+        for name, oid in sorted(lost.items()):
+            epoch, _, ref = name[len(LOST) :].partition("/")
+            if not epoch.isdigit() or not ref.startswith(HEADS) or oid in done:
+                continue
+            if (repo, o.owner, oid) not in self._offered:
+                offers[offer_ref(int(epoch), self.rt.node, ref)] = oid
+                marks.append((offered_ref(int(epoch), ref), oid, None))
+        if not offers:
+            return True
+        keys = {(repo, o.owner, oid) for oid in offers.values()}
+        self._offered |= keys  # claimed now: a tick during the push does not push again
+        args = ["push", "--porcelain", "--no-verify", url]
+        args += [f"+{oid}:{dst}" for dst, oid in offers.items()]
+        try:
+            r = await gitcli.run_async(
+                args, git_dir=path, token=self.rt.token, timeout=self.push_timeout_s, check=False
+            )
+            why = "" if r.ok else r.stderr[-300:]
+        except GitError as e:
+            why = e.last_line
+        if why:
+            self._offered -= keys
+            self.rt.error(f"{repo}: offering diverged tips to {o.owner}: {why}")
+            return False
+        log.warning("%s: offered %d diverged tips to %s", repo, len(offers), o.owner)
+        self.nudge(o.owner, repo)
+        async with self.rt.lock(repo):  # local git only
+            for mark in marks:
+                await self.rt.thread(gitcli.update_ref_cas, path, [mark])
+        return True
+
+    # -- the survivor --------------------------------------------------------------------
+    async def merge_staged(self, repo: str) -> int:
+        """Merge every offered tip into its branch (owner only); returns how many moved."""
+        if not self.rt.is_owner(repo) or not self.rt.path(repo).exists():
+            return 0
+        async with self.rt.lock(repo):
+            if not self.rt.is_owner(repo):
+                return 0
+            o = self.rt.known[repo]
+            moved = await self.rt.thread(self._merge_all, repo, o.epoch)
+        if moved:
+            self.merges[repo] += moved
+            self.merged(repo)
+        return moved
+
+    def _merge_all(self, repo: str, epoch: int) -> int:
+        path = self.rt.path(repo)
+        offers = gitcli.for_each_ref(path, RECONCILE)
+        if not offers:
+            return 0
+        store = Pygit2Store(str(path))
+        author = TaskLedger(store, self.rt.node).author
+        real = gitcli.for_each_ref(path, HEADS)
+        moved = 0
+        for sref, theirs in sorted(offers.items()):
+            parsed = parse_reconcile_ref(sref)
+            if parsed is None:
+                gitcli.update_ref_cas(path, [(sref, None, theirs)])
+                continue
+            old_epoch, node, ref = parsed
+            ours = real.get(ref)
+            contained = ours is not None and gitcli.is_ancestor(path, theirs, ours)
+            base = None
+            if ours is not None and not contained:
+                mb = gitcli.run(["merge-base", ours, theirs], git_dir=path, check=False)
+                base = mb.stdout.strip() or None if mb.ok else None
+            merged = reconcile_ref(
+                store,
+                ref,
+                (self.rt.node, epoch, ours) if ours else None,
+                (node, old_epoch, theirs),
+                author,
+                contained=contained,
+                base=base,
+            )
+            moves = [(sref, None, theirs)]  # the offer goes with the move: one transaction
+            if merged is not None and merged != ours:
+                moves.append((ref, merged, ours))
+            if gitcli.update_ref_cas(path, moves) and len(moves) > 1:
+                moved += 1
+                real[ref] = merged  # type: ignore[assignment]
+                log.warning("%s: reconciled %s with %s's tip %s", repo, ref, node, theirs)
+        return moved
+
+
+__all__ = ["Reconciler"]

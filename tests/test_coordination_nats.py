@@ -1,0 +1,113 @@
+"""Issue 12 with real agents and real nats-server children on loopback: one leader, the same
+term everywhere, a new leader at a higher term after `kill -9`, and `cluster status` on
+the gossip backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kovanex.agent.natsserver import nats_binary
+from tests.agentkit import Node, process_gone, wait_for
+
+TOKEN = "t0ken-for-tests"
+
+
+def _bind(n: Node) -> str:
+    return (n.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
+
+
+def status(n: Node) -> dict:
+    return json.loads(n.kx("cluster", "status", "--format", "json").stdout)
+
+
+def nats_cluster(tmp_path: Path, count: int = 3) -> list[Node]:
+    nodes = [
+        Node(tmp_path, f"c{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats")
+        for i in range(count)
+    ]
+    nodes[0].start()
+    for n in nodes[1:]:
+        n.start("--join", _bind(nodes[0]))
+    return nodes
+
+
+def agreed(nodes: list[Node]) -> tuple[str, int] | None:
+    """The (leader, term) every node reports, or None while they disagree."""
+    seen = {(s["leader"], s["term"]) for s in map(status, nodes)}
+    if len(seen) == 1:
+        leader, term = seen.pop()
+        if leader is not None:
+            return leader, term
+    return None
+
+
+def test_the_wheel_ships_the_server_binary() -> None:
+    assert Path(nats_binary()).exists()
+
+
+def test_cluster_status_on_gossip_one_node_leads_at_term_1_several_are_uncoordinated(
+    tmp_path: Path,
+) -> None:
+    a = Node(tmp_path, "g1", "--profile", "local", "--token", TOKEN).start()
+    b = None
+    try:
+        st = status(a)
+        assert (st["cluster_size"], st["leader"], st["term"], st["status"]) == (
+            1,
+            "g1",
+            1,
+            "healthy",
+        )
+        assert st["nodes"] == [
+            {"id": "g1", "role": "leader", "term": 1, "last_heartbeat": "0s ago"}
+        ]
+        b = Node(tmp_path, "g2", "--profile", "local", "--token", TOKEN).start("--join", _bind(a))
+        wait_for(lambda: status(a)["cluster_size"] == 2, 20, "g2 joins")
+        st = status(a)
+        assert (st["leader"], st["status"]) == (None, "uncoordinated")
+        assert "kovanex init --coordination nats" in st["hint"]
+        assert {n["id"] for n in st["nodes"]} == {"g1", "g2"}
+    finally:
+        for n in (a, b):
+            if n is not None:
+                n.stop()
+
+
+@pytest.mark.slow
+def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_path: Path) -> None:
+    first = Node(tmp_path, "c0", "--profile", "local", "--token", TOKEN, "--coordination", "nats")
+    first.start()
+    nodes = [first]
+    try:
+        # alone, a NATS node has no quorum: status answers at once and says it waits
+        out = first.kx("status").stdout
+        assert "coordination nats" in out and "waiting for a NATS quorum" in out
+        for i in (1, 2):
+            n = Node(
+                tmp_path, f"c{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats"
+            )
+            nodes.append(n.start("--join", _bind(first)))
+        leader, term = wait_for(lambda: agreed(nodes), 60, "one leader and term on every node")
+        assert term >= 1
+        st = status(nodes[0])
+        assert st["cluster_size"] == 3 and st["quorum"] == 2 and st["status"] == "healthy"
+        assert [n["role"] for n in st["nodes"]].count("leader") == 1
+        assert st["backend"]["name"] == "nats" and "jsz" in st["backend"]
+        assert st["backend"]["jsz"]["meta_cluster"]["cluster_size"] == 3
+        assert "waiting" not in first.kx("status").stdout
+        # kill -9 the leader: its nats-server child dies with it
+        dead = next(n for n in nodes if n.name == leader)
+        pid = dead.proc.pid
+        dead.kill9()
+        wait_for(lambda: process_gone(pid), 10, "leader gone")
+        rest = [n for n in nodes if n is not dead]
+        new_leader, new_term = wait_for(
+            lambda: (a := agreed(rest)) and a[0] != leader and a, 60, "a new leader"
+        )
+        assert new_leader != leader and new_term > term
+    finally:
+        for n in nodes:
+            n.stop()
