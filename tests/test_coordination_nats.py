@@ -23,6 +23,20 @@ def status(n: Node) -> dict:
     return json.loads(n.kx("cluster", "status", "--format", "json").stdout)
 
 
+def leader_term_metric(n: Node) -> int | None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = "http://" + (n.data / "kovanex.toml").read_text().split("[http]")[1].split('"')[1]
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "kovanex_leader_term":
+            return int(fam.samples[0].value)
+    return None
+
+
 def nats_cluster(tmp_path: Path, count: int = 3) -> list[Node]:
     nodes = [
         Node(tmp_path, f"c{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats")
@@ -98,6 +112,7 @@ def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_pa
         assert st["backend"]["name"] == "nats" and "jsz" in st["backend"]
         assert st["backend"]["jsz"]["meta_cluster"]["cluster_size"] == 3
         assert "waiting" not in first.kx("status").stdout
+        assert leader_term_metric(nodes[1]) == term  # /metrics shows the term it agreed on
         # kill -9 the leader: its nats-server child dies with it
         dead = next(n for n in nodes if n.name == leader)
         pid = dead.proc.pid

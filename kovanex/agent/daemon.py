@@ -172,6 +172,7 @@ class Agent:
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
+            self.metrics.leader_term = lambda: self.coord.summary()["term"] or None
             self.coord.on_halt = self.consistent.halt
             self.coord.on_resume = self.consistent.resume
             self.coord.record = self.cluster.record
