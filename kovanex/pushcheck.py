@@ -108,6 +108,9 @@ def check_pre_receive(
             )
             return verdict
     for u in writes:
+        if u.ref.startswith((refs.ENV_PREFIX, refs.PROMOTION_PREFIX)):
+            verdict.reject(_env_refusal(u.ref))
+            continue
         task_id = task_id_of(u.ref)
         if task_id is None:
             if u.ref.startswith(refs.TASK_PREFIX):
@@ -149,6 +152,22 @@ def check_pre_receive(
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
     return verdict
+
+
+def _env_refusal(ref: str) -> str:
+    """Environments and promotions move only by the agent's CAS (ADR 0021): say how instead."""
+    name = ref.removeprefix(refs.HEADS)
+    if ref.startswith(refs.ENV_PREFIX):
+        env = ref[len(refs.ENV_PREFIX) :]
+        return (
+            f"kovanex: {name}: environments are not pushed to; promote a release instead: "
+            f"push a tag (git push origin v1) or promote/<version>, or run "
+            f"`kovanex promote <version> --to {env}`"
+        )
+    return (
+        f"kovanex: {name}: promotion refs are written by the agent; approve with "
+        "`kovanex approve <env>/<version>`"
+    )
 
 
 def _check_delete(ledger: TaskLedger, task_id: str, verdict: Verdict) -> None:

@@ -29,6 +29,7 @@ from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import LocalNode, Placer
+from kovanex.agent.promotions import Promotions
 from kovanex.agent.pushes import PushHandler
 from kovanex.agent.remoterun import RemoteRuns
 from kovanex.agent.replica import ReplicaManager
@@ -111,6 +112,10 @@ class Agent:
             self.remote.owner_desc,
             self.watch,
         )
+        self.promotions = Promotions(
+            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members, self.book
+        )
+        self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
@@ -216,6 +221,7 @@ class Agent:
             asyncio.create_task(self.health.run(ctx.stop_event)),
             asyncio.create_task(self.failover.probe_suspects()),
             asyncio.create_task(self.deadline.guard()),
+            asyncio.create_task(self.promotions.run()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:

@@ -10,6 +10,7 @@ from kovanex import __version__
 from kovanex import config as cfgmod
 from kovanex.cli import (
     clustercmd,
+    envcmd,
     nodecmd,
     repocmd,
     schedcmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         schedcmd,
         unitcmd,
         tokencmd,
+        envcmd,
     ):
         mod.register(sub)
     return p

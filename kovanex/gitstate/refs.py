@@ -13,6 +13,10 @@ Layout:
 - `refs/kovanex/lost/<epoch>/<ref>`: what a demoted owner or a resyncing replica held that
   the new owner lacks (forensics; never mirrored).
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
+- `refs/heads/env/<name>`: an environment's release history, one commit per promotion;
+  only the agent moves it (ADR 0021), a push there is refused.
+- `refs/heads/promote/<version>`, `refs/tags/<version>`: pushing one starts a promotion.
+- `refs/heads/promotion/<env>/<version>`: one promotion's life (gates, approvals...).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"
 LOST = "refs/kovanex/lost/"
 SKIP_PREFIX = "refs/kovanex/skip/"
+ENV_PREFIX = "refs/heads/env/"
+PROMOTE_PREFIX = "refs/heads/promote/"
+PROMOTION_PREFIX = "refs/heads/promotion/"
+TAG_PREFIX = "refs/tags/"
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -57,6 +65,22 @@ def task_id_of(ref: str) -> str | None:
     return tid if valid_task_id(tid) else None
 
 
+def env_ref(env: str) -> str:
+    return ENV_PREFIX + env
+
+
+def promotion_ref(env: str, version: str) -> str:
+    return f"{PROMOTION_PREFIX}{env}/{version}"
+
+
+def release_version_of(ref: str) -> str | None:
+    """The version a pushed tag or `promote/<version>` ref names (None: neither)."""
+    for prefix in (TAG_PREFIX, PROMOTE_PREFIX):
+        if ref.startswith(prefix) and "/" not in ref[len(prefix) :]:
+            return ref[len(prefix) :] or None
+    return None
+
+
 def lost_ref(epoch: int, ref: str) -> str:
     """Where `ref`'s old value is kept when the owner of epoch `epoch` is superseded."""
     return f"{LOST}{epoch}/{ref}"
@@ -72,18 +96,25 @@ def mirrored(refs: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "ENV_PREFIX",
     "HEADS",
     "KOVANEX",
     "LOST",
     "META_REF",
+    "PROMOTE_PREFIX",
+    "PROMOTION_PREFIX",
     "REFS",
     "SKIP_PREFIX",
     "STAGING",
     "STAGING_REFS",
     "SYNC_STAGING",
+    "TAG_PREFIX",
+    "env_ref",
     "TASK_PREFIX",
     "lost_ref",
     "mirrored",
+    "promotion_ref",
+    "release_version_of",
     "sync_staging_ref",
     "task_id_of",
     "task_ref",
