@@ -385,3 +385,16 @@ def test_environments_toml_errors_name_the_field() -> None:
     assert [e.field for e in errs] == ["environments[1].gates[1].spec"]
     g, errs = envspec.parse(b'[[environments]]\nname = "x"\nwindows = ["Mon 9-10"]', lambda p: None)
     assert [e.field for e in errs] == ["environments[0].windows[0]"]
+
+
+def test_the_readme_example_is_a_valid_environments_file() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = text.split("## Environments and promotions", 1)[1].split("```toml\n", 1)[1]
+    spec = b'[[steps]]\nname = "scan"\nrun = "true"\n'
+    g, errs = envspec.parse(block.split("```", 1)[0].encode(), lambda p: spec)
+    assert g is not None, errs
+    prod = g.env("prod")
+    assert prod is not None and prod.label == ("tier", "prod") and prod.rollback == "auto"
+    assert not prod.auto and g.env("staging").auto  # type: ignore[union-attr]

@@ -142,6 +142,10 @@ class Agent:
         if self.watcher is not None:
             self.watcher.watch(self.repos.path(repo))
 
+    def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
+        self.dispatcher.changed(repo, task_id)
+        self.promotions.kick(repo)  # a gate task may have finished
+
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)
         self.dispatcher.changed("", "")  # a placement pass
@@ -185,7 +189,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stop_event.set)
         layout.run.mkdir(parents=True, exist_ok=True)
-        self.watcher = RefWatcher(layout.repos, loop, self.dispatcher.changed)
+        self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
         self.watcher.start()

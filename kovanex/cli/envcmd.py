@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("approve", help="approve a waiting promotion (ENV/VERSION)")
     p.add_argument("id", help="the promotion id that `kovanex env list` shows, e.g. prod/v1")
-    _common(p, follow=False)
+    _common(p)
     p.set_defaults(func=cmd_request, op="approve")
 
     for name, what in (
