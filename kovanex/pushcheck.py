@@ -112,6 +112,8 @@ def check_pre_receive(
             verdict.reject(_env_refusal(u.ref))
             continue
         task_id = task_id_of(u.ref)
+        if task_id is None and u.new != ZERO and u.ref in _default_branches(store):
+            _check_environments(store, u, verdict)
         if task_id is None:
             if u.ref.startswith(refs.TASK_PREFIX):
                 verdict.reject(
@@ -152,6 +154,31 @@ def check_pre_receive(
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
     return verdict
+
+
+def _default_branches(store: Pygit2Store) -> tuple[str, ...]:
+    """Where environments.toml is read from (kovanex/gitstate/releases.py): HEAD's branch."""
+    head = store.repo.references.get("HEAD")
+    target = head.target if head is not None else None
+    named = (target,) if isinstance(target, str) else ()
+    return (*named, refs.HEADS + "main", refs.HEADS + "master")
+
+
+def _check_environments(store: Pygit2Store, u: RefUpdate, verdict: Verdict) -> None:
+    """A bad environments.toml is refused with its field paths, like a bad task spec."""
+    from kovanex import envspec
+
+    data = store.read_file(u.new, envspec.ENV_PATH)
+    if data is None:
+        return
+    _, errs = envspec.parse(data, lambda p: store.read_file(u.new, p))
+    name = u.ref.removeprefix(refs.HEADS)
+    for e in errs:
+        verdict.reject(f"kovanex: {name}: {e}")
+    if errs:
+        verdict.messages.append(
+            "kovanex: fix it (schema: `kovanex schema environments`) and push again"
+        )
 
 
 def _env_refusal(ref: str) -> str:

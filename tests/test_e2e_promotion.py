@@ -178,6 +178,13 @@ def test_a_direct_push_to_env_prod_is_refused(cluster: dict[str, Any]) -> None:
     assert "environments are not pushed to; promote a release instead" in p.stderr
     assert "kovanex promote <version> --to prod" in p.stderr
     assert git("ls-remote", "origin", "env/prod", cwd=clone).stdout == ""
+    # a bad environments.toml on the default branch is refused with its field path
+    envs_file = clone / ".kovanex" / "environments.toml"
+    envs_file.write_text(BASIC.replace('from = "staging"', 'from = "stagin"'))
+    git("commit", "-qam", "typo", cwd=clone)
+    p = push(clone, "main")
+    assert p.returncode != 0
+    assert "environments[2].from: no environment 'stagin' is declared" in p.stderr, p.stderr
 
 
 def test_a_failing_gate_stops_the_release(cluster: dict[str, Any]) -> None:
