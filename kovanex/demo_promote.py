@@ -26,7 +26,7 @@ from = "staging"
 approvals = 1
 gates = [{ name = "integration", run = "test -s app.txt" }]
 """
-SCAN = '[[steps]]\nname = "scan"\nrun = "! grep -rq PRIVATE-KEY ."\n'
+SCAN = '[[steps]]\nname = "scan"\nrun = "! grep -q PRIVATE-KEY app.txt"\n'
 
 
 def _prod_waits(data: Path) -> bool:
@@ -88,4 +88,4 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     say("17. git log env/prod is the release history; a push to it is refused")
     run(["git", "fetch", "-q", "origin"], cwd=clone, quiet=True)
     run(["git", "log", "origin/env/prod"], cwd=clone)
-    run(["git", "push", "origin", "HEAD:env/prod"], cwd=clone, check=False)
+    run(["git", "push", "--force", "origin", "HEAD:env/prod"], cwd=clone, check=False)

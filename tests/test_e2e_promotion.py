@@ -196,6 +196,7 @@ def test_a_failing_gate_stops_the_release(cluster: dict[str, Any]) -> None:
     p = push(clone, "v1")
     assert p.returncode == 0  # the tag is safe in git; the promotion is what failed
     assert "✗ security_scan failed" in p.stderr, p.stderr
+    assert "✗ promotion stopped: gate security_scan failed" in p.stderr
     assert held(c, "broken", "dev") == "v1" and held(c, "broken", "staging") is None
     assert git("ls-remote", "origin", "env/staging", cwd=clone).stdout == ""
 

@@ -331,7 +331,11 @@ class Promotions:
         state = self.gather(repo)
         if state is None:
             raise ControlError("; ".join(self.errors.get(repo, ["no environments"])))
-        labels = {m["name"]: m.get("labels", {}) for m in self.members()}
+        labels = {
+            m["name"]: m.get("labels", {})
+            for m in self.members()
+            if m.get("status") in ("alive", "suspect")
+        }
         labels[self.ctx.name] = dict(self.ctx.cfg.labels)
         out = []
         for e in state.graph.envs:

@@ -200,7 +200,8 @@ def _advance(repo: Repo, p: Promotion, now: float) -> list[Effect]:
         if failed and p.purpose == VERIFY:
             notes.append(_unverified(f"re-verification failed: {failed}"))
         elif failed:
-            notes.append(Note(f"✗ {failed} failed", FAILED, ((T_REASON, f"gate {failed} failed"),)))
+            why = f"gate {failed} failed"
+            notes.append(Note(f"✗ promotion stopped: {why}", FAILED, ((T_REASON, why),)))
         elif not pending and p.purpose == VERIFY:
             notes.append(
                 Note(f"✓ {p.version} verified in {p.env}", RELEASED, ((T_VERIFIED, "true"),))
