@@ -9,13 +9,14 @@ history and nothing else (ADR 0021).
 
 from __future__ import annotations
 
-import json
+import re
 import tomllib
 from typing import Any
 
 import pygit2
 
 from kovanex import envspec
+from kovanex.config import _q, _scalar  # the TOML writer kovanex.toml is written with
 from kovanex.core import promotion_state as ps
 from kovanex.gitstate import refs, trailers
 from kovanex.gitstate.pygit2store import Pygit2Store
@@ -204,7 +205,7 @@ def toml_dumps(doc: dict[str, Any], top: bool = True) -> str:
     tables (`[placement]`) and arrays of tables (`[[steps]]`)."""
     tables = {k for k, v in doc.items() if top and isinstance(v, dict)}
     arrays = {k for k, v in doc.items() if top and _is_table_list(v)}
-    lines = [f"{_key(k)} = {_value(v)}" for k, v in doc.items() if k not in tables | arrays]
+    lines = [f"{_key(k)} = {_scalar(v)}" for k, v in doc.items() if k not in tables | arrays]
     for k in tables:
         lines += ["", f"[{_key(k)}]", *toml_dumps(doc[k], False).splitlines()]
     for k in arrays:
@@ -218,18 +219,4 @@ def _is_table_list(v: Any) -> bool:
 
 
 def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _q(k)
