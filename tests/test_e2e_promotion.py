@@ -178,6 +178,11 @@ def test_a_direct_push_to_env_prod_is_refused(cluster: dict[str, Any]) -> None:
     assert "environments are not pushed to; promote a release instead" in p.stderr
     assert "kovanex promote <version> --to prod" in p.stderr
     assert git("ls-remote", "origin", "env/prod", cwd=clone).stdout == ""
+    # a tag that is not a release (the pattern is v*) is just a tag: no promotion, no wait
+    git("tag", "docs-1", cwd=clone)
+    p = push(clone, "docs-1")
+    assert p.returncode == 0 and "still running" not in p.stderr and "promote" not in p.stderr
+    assert git("ls-remote", "origin", "refs/heads/promotion/*", cwd=clone).stdout == ""
     # a bad environments.toml on the default branch is refused with its field path
     envs_file = clone / ".kovanex" / "environments.toml"
     envs_file.write_text(BASIC.replace('from = "staging"', 'from = "stagin"'))

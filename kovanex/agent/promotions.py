@@ -198,12 +198,20 @@ class Promotions:
     ) -> list[str]:
         """A release tag or promote/<version> ref was pushed: stream its promotion's report
         until it settles or FOLLOW_S passes, then say how to follow it."""
+        named = [u for u in updates if u.new != ZERO and refs.release_version_of(u.ref)]
+        if not named or not self.replicas.is_owner(repo):
+            return []
+        graph, errs, _ = releases.read_graph(self.repos.ledger(repo).store)  # type: ignore[arg-type]
+        if graph is None:
+            return [f"kovanex: {e}" for e in errs]  # no environments: a tag is just a tag
         versions = [
             v
-            for u in updates
-            if u.new != ZERO and (v := refs.release_version_of(u.ref)) is not None
+            for u in named
+            if (v := refs.release_version_of(u.ref)) is not None
+            and pcore.valid_version(v)
+            and (u.ref.startswith(refs.PROMOTE_PREFIX) or graph.is_release(v))
         ]
-        if not versions or not self.replicas.is_owner(repo):
+        if not versions:
             return []
         now = self.ctx.clock.time()
         for v in versions:
