@@ -12,7 +12,7 @@ writes is finished by the next tick and two deciders never interleave (ADR 0021)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kovanex.core.promotion_state import (
     AUTO,
@@ -64,6 +64,13 @@ from kovanex.core.promotion_state import (
     promotion_id,
 )
 from kovanex.core.promotion_state import T_ATTEMPT as T_ATTEMPT
+from kovanex.core.promotion_state import (  # re-exported: the requests `handle` takes
+    ApproveReq as ApproveReq,
+)
+from kovanex.core.promotion_state import PromoteReq as PromoteReq
+from kovanex.core.promotion_state import Request as Request
+from kovanex.core.promotion_state import RollbackReq as RollbackReq
+from kovanex.core.promotion_state import VerifyReq as VerifyReq
 
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
@@ -75,36 +82,6 @@ def valid_version(version: str) -> bool:
 def task_id(role: str, env: str, version: str, gate: GateDef, attempt: int) -> str:
     """Deterministic, so a decision made twice names the same task (creation is a CAS)."""
     return f"{role}-{env}-{version}-{gate.name}-{gate.def_sha[:7]}-a{attempt}"[:100]
-
-
-# -- requests from the CLI --------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class PromoteReq:
-    version: str
-    env: str
-    by: str
-    freight: str = ""  # the shell resolves a tag or promote/<version> ref when it can
-
-
-@dataclass(frozen=True, slots=True)
-class ApproveReq:
-    promotion: str
-    by: str
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReq:
-    env: str
-    by: str
-
-
-@dataclass(frozen=True, slots=True)
-class RollbackReq:
-    env: str
-    by: str
-
-
-Request = PromoteReq | ApproveReq | VerifyReq | RollbackReq
 
 
 # -- tick -------------------------------------------------------------------------------

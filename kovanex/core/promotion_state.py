@@ -371,3 +371,33 @@ class Reply:
 
 
 Effect = Record | StartTask | MoveEnv | Refuse | Reply
+
+
+# -- requests from the CLI (core/promotion.py `handle`) --------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PromoteReq:
+    version: str
+    env: str
+    by: str
+    freight: str = ""  # the shell resolves a tag or promote/<version> ref when it can
+
+
+@dataclass(frozen=True, slots=True)
+class ApproveReq:
+    promotion: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReq:
+    env: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackReq:
+    env: str
+    by: str
+
+
+Request = PromoteReq | ApproveReq | VerifyReq | RollbackReq
