@@ -281,6 +281,15 @@ def test_a_failed_deploy_rolls_back_by_itself(cluster: dict[str, Any]) -> None:
     top = log_of(c, "rb", "env/dev")[0]
     assert top["Kovanex-Rollback-Of"] == "v2"
     wait_for(lambda: envs(c, "rb")["dev"]["release"]["verified"], 30, "the rollback re-deployed")
+    # a promote/<version> ref starts a promotion too; `kovanex rollback` goes back by hand
+    git("rm", "-q", "broken", cwd=clone)
+    git("commit", "-qm", "fixed", cwd=clone)
+    assert "→ deployed to dev" in push(clone, "HEAD:refs/heads/promote/v3").stderr
+    assert held(c, "rb", "dev") == "v3"
+    out = c["owner"].kx("rollback", "dev", "--repo", "rb").stdout
+    assert "rolling back dev from v3 to v1" in out, out
+    versions = [t["Kovanex-Version"] for t in log_of(c, "rb", "env/dev")]
+    assert versions == ["v1", "v3", "v1", "v2", "v1"]  # newest first; nothing rewritten
 
 
 def test_a_gate_definition_changed_after_a_pass_voids_its_verdict(cluster: dict[str, Any]) -> None:
