@@ -138,6 +138,8 @@ def test_a_release_walks_dev_staging_prod_with_an_approval(cluster: dict[str, An
     e = envs(c, "shop")
     assert e["staging"]["release"]["verified"] and e["staging"]["nodes"] == ["pb13"]
     assert held(c, "shop", "prod") is None  # prod is the last stop: not automatic
+    # the tag's pusher (a token name, from the reflog) requested it, hop after hop
+    assert log_of(c, "shop", "env/staging")[0]["Kovanex-Requested-By"] == "alice"
     # each gate ran as a task of its own on the node of its environment
     gate = next(t for t in log_of(c, "shop", "env/staging")[0].values() if "security_scan" in t)
     tid = gate.split("task=")[1].split()[0]

@@ -280,7 +280,7 @@ def rev_parse(git_dir: Path | str, rev: str) -> str | None:
 BARE_CONFIG = (
     ("receive.advertisePushOptions", "true"),
     ("receive.fsckObjects", "true"),
-    ("core.logAllRefUpdates", "true"),
+    ("core.logAllRefUpdates", "always"),  # tags too: who pushed a release (ADR 0022)
     ("gc.auto", "0"),
 )
 
