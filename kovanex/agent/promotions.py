@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlError
@@ -24,6 +24,7 @@ from kovanex.core import promotion as pcore
 from kovanex.core import promotion_state as ps
 from kovanex.gitstate import gitcli, refs, releases
 from kovanex.gitstate.ledger import NoSuchTask
+from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict
 from kovanex.pushcheck import ZERO, RefUpdate, queue_submission
 from kovanex.tokens import Refused, TokenBook
@@ -100,18 +101,22 @@ class Promotions:
         return done
 
     # -- reading ----------------------------------------------------------------------
+    def _store(self, repo: str) -> Pygit2Store:
+        """The repo's store as the ledger holds it (RepoIndex opens every repo with pygit2)."""
+        return cast(Pygit2Store, self.repos.ledger(repo).store)
+
     def gather(self, repo: str) -> ps.Repo | None:
         ledger = self.repos.ledger(repo)
-        store = ledger.store
-        graph, errs, _ = releases.read_graph(store)  # type: ignore[arg-type]
+        store = self._store(repo)
+        graph, errs, _ = releases.read_graph(store)
         if errs:
             self.errors[repo] = [str(e) for e in errs]
         else:
             self.errors.pop(repo, None)
         if graph is None:
             return None
-        history = {e.name: releases.read_history(store, e.name) for e in graph.envs}  # type: ignore[arg-type]
-        promos = releases.read_promotions(store)  # type: ignore[arg-type]
+        history = {e.name: releases.read_history(store, e.name) for e in graph.envs}
+        promos = releases.read_promotions(store)
         wanted = [v.task for p in promos.values() for v in p.verdicts if v.attempt == p.attempt]
         wanted += [p.deploy for p in promos.values() if p.deploy]
         tasks: dict[str, str] = {}
@@ -127,13 +132,13 @@ class Promotions:
                 by or f"local@{self.ctx.name}",
                 self.seen.setdefault((repo, version), now),
             )
-            for version, (freight, by) in releases.read_releases(store, graph).items()  # type: ignore[arg-type]
+            for version, (freight, by) in releases.read_releases(store, graph).items()
         }
         return ps.Repo(graph, history, promos, tasks, rels)
 
     # -- writing ----------------------------------------------------------------------
     async def _apply(self, repo: str, state: ps.Repo, eff: ps.Effect, now: float) -> int:
-        store: Any = self.repos.ledger(repo).store
+        store = self._store(repo)
         author = self.repos.ledger(repo).author
         try:
             if isinstance(eff, ps.Record):
@@ -155,7 +160,7 @@ class Promotions:
 
     def _start(self, repo: str, state: ps.Repo, eff: ps.StartTask) -> None:
         ledger = self.repos.ledger(repo)
-        store: Any = ledger.store
+        store = self._store(repo)
         env = state.graph.env(eff.env)
         assert env is not None
         cfg = releases.config_commit(store)
@@ -170,7 +175,7 @@ class Promotions:
 
     async def _move(self, repo: str, eff: ps.MoveEnv, author: tuple[str, str], now: float) -> bool:
         """The release commit and its promotion note, in one atomic CAS of both refs."""
-        store: Any = self.repos.ledger(repo).store
+        store = self._store(repo)
         owner = self.replicas.owner_of(repo)
         epoch = owner[2] if owner else 0
         held = releases.owner_epoch_of(store, eff.env)
@@ -201,7 +206,7 @@ class Promotions:
         named = [u for u in updates if u.new != ZERO and refs.release_version_of(u.ref)]
         if not named or not self.replicas.is_owner(repo):
             return []
-        graph, errs, _ = releases.read_graph(self.repos.ledger(repo).store)  # type: ignore[arg-type]
+        graph, errs, _ = releases.read_graph(self._store(repo))
         if graph is None:
             return [f"kovanex: {e}" for e in errs]  # no environments: a tag is just a tag
         versions = [
@@ -228,13 +233,11 @@ class Promotions:
                     pass
             promos = [
                 p
-                for p in releases.read_promotions(self.repos.ledger(repo).store).values()
+                for p in releases.read_promotions(self._store(repo)).values()
                 if p.version in versions
-            ]  # type: ignore[arg-type]
+            ]
             for p in sorted(promos, key=lambda p: p.opened):
-                for oid, subject in releases.notes_of(
-                    self.repos.ledger(repo).store, p.env, p.version
-                ):  # type: ignore[arg-type]
+                for oid, subject in releases.notes_of(self._store(repo), p.env, p.version):
                     line = report_line(p.env, subject)
                     if oid not in printed and line is not None:
                         say(line)
@@ -316,7 +319,7 @@ class Promotions:
         """The notes of one promotion (for `--follow`), and whether it is still live."""
         repo = self._repo(args)
         env, _, version = str(args["id"]).partition("/")
-        store: Any = self.repos.ledger(repo).store
+        store = self._store(repo)
         promos = releases.read_promotions(store)
         p = promos.get(str(args["id"]))
         notes = [

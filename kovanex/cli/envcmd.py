@@ -48,11 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=cmd_request, op=name)
 
 
-def _common(p: argparse.ArgumentParser, token: bool = True, follow: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, token: bool = True) -> None:
     p.add_argument("--repo", default=None, help="repo name (default: the one with environments)")
     if token:
         p.add_argument("--token", default=None, help="your token (default: $KOVANEX_TOKEN)")
-    if follow:
+    if token:  # every request (all but `env list`) follows its report
         p.add_argument("--no-wait", action="store_true", help="return at once; don't follow")
         p.add_argument("--timeout", type=float, default=600.0, help="stop following after S s")
 
