@@ -310,3 +310,11 @@ def test_a_gate_definition_changed_after_a_pass_voids_its_verdict(cluster: dict[
     hist = log_of(c, "defs", "env/staging")
     assert [t["Kovanex-Version"] for t in hist] == ["v1", "v1"]
     assert hist[0]["Kovanex-Gate"] != hist[1]["Kovanex-Gate"]  # a new def= for security_scan
+    # a failed re-verification takes "verified" away (and moves nothing)
+    (clone / ".kovanex" / "gates" / "scan.toml").write_text(SCAN.replace("SECRET", "hello"))
+    git("commit", "-qam", "a scan that fails", cwd=clone)
+    assert push(clone, "main").returncode == 0
+    r = c["owner"].kx("verify", "staging", "--repo", "defs", check=False)
+    assert r.returncode == 1 and "✗ re-verification failed: security_scan" in r.stdout, r.stdout
+    assert envs(c, "defs")["staging"]["release"]["verified"] is False
+    assert len(log_of(c, "defs", "env/staging")) == 2
