@@ -17,6 +17,7 @@ BENCHES = [
     ["bench.unit_bench", "--runs", "200"],
     ["bench.server_place", "--places", "2000", "--nodes", "100"],
     ["bench.api_bench", "--requests", "300", "--seconds", "3", "--events", "30"],
+    ["bench.promotion_bench", "--releases", "6"],
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import re
 import tomllib
@@ -327,7 +328,8 @@ def parse_addr(text: str, default_port: int = GOSSIP_PORT) -> tuple[str, int]:
 
 
 def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string: JSON's escapes (quotes, backslashes, newlines) are TOML's too."""
+    return json.dumps(s, ensure_ascii=False)
 
 
 def _scalar(v: Any) -> str:

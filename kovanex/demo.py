@@ -122,6 +122,9 @@ def main() -> int:
         from kovanex import demo_coord
 
         demo_coord.coordination_story(tmp, nodes)
+        from kovanex import demo_promote
+
+        demo_promote.run_story(tmp, nodes)
         say("done: everything above lives in git; cleaning up " + str(tmp))
         return 0
     finally:

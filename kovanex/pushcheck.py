@@ -110,7 +110,12 @@ def check_pre_receive(
             )
             return verdict
     for u in writes:
+        if u.ref.startswith((refs.ENV_PREFIX, refs.PROMOTION_PREFIX)):
+            verdict.reject(_env_refusal(u.ref))
+            continue
         task_id = task_id_of(u.ref)
+        if task_id is None and u.new != ZERO and u.ref in _default_branches(store):
+            _check_environments(store, u, verdict)
         if task_id is None:
             if u.ref.startswith(refs.TASK_PREFIX):
                 verdict.reject(
@@ -171,6 +176,47 @@ def _check_failover(
             'or set failover = "split_brain_allowed" if running on both sides of a '
             "partition is acceptable"
         )
+
+
+def _default_branches(store: Pygit2Store) -> tuple[str, ...]:
+    """Where environments.toml is read from (kovanex/gitstate/releases.py): HEAD's branch."""
+    head = store.repo.references.get("HEAD")
+    target = head.target if head is not None else None
+    named = (target,) if isinstance(target, str) else ()
+    return (*named, refs.HEADS + "main", refs.HEADS + "master")
+
+
+def _check_environments(store: Pygit2Store, u: RefUpdate, verdict: Verdict) -> None:
+    """A bad environments.toml is refused with its field paths, like a bad task spec."""
+    from kovanex import envspec
+
+    data = store.read_file(u.new, envspec.ENV_PATH)
+    if data is None:
+        return
+    _, errs = envspec.parse(data, lambda p: store.read_file(u.new, p))
+    name = u.ref.removeprefix(refs.HEADS)
+    for e in errs:
+        verdict.reject(f"kovanex: {name}: {e}")
+    if errs:
+        verdict.messages.append(
+            "kovanex: fix it (schema: `kovanex schema environments`) and push again"
+        )
+
+
+def _env_refusal(ref: str) -> str:
+    """Environments and promotions move only by the agent's CAS (ADR 0021): say how instead."""
+    name = ref.removeprefix(refs.HEADS)
+    if ref.startswith(refs.ENV_PREFIX):
+        env = ref[len(refs.ENV_PREFIX) :]
+        return (
+            f"kovanex: {name}: environments are not pushed to; promote a release instead: "
+            f"push a tag (git push origin v1) or promote/<version>, or run "
+            f"`kovanex promote <version> --to {env}`"
+        )
+    return (
+        f"kovanex: {name}: promotion refs are written by the agent; approve with "
+        "`kovanex approve <env>/<version>`"
+    )
 
 
 def _check_delete(ledger: TaskLedger, task_id: str, verdict: Verdict) -> None:

@@ -32,6 +32,7 @@ from kovanex.agent.hookserver import HookServer
 from kovanex.agent.metrics import Metrics
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import LocalNode, Placer
+from kovanex.agent.promotions import Promotions
 from kovanex.agent.pushes import PushHandler
 from kovanex.agent.remoterun import RemoteRuns
 from kovanex.agent.replica import ReplicaManager
@@ -125,6 +126,10 @@ class Agent:
             self.remote.owner_desc,
             self.watch,
         )
+        self.promotions = Promotions(
+            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members, self.book
+        )
+        self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
         self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
         self.http.router = self.api.router
@@ -185,9 +190,10 @@ class Agent:
         if self.watcher is not None:
             self.watcher.watch(self.repos.path(repo))
 
-    def _ref_moved(self, repo: str, task_id: str | None) -> None:
+    def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
         self.dispatcher.changed(repo, task_id)
         self.api.ref_moved(repo, task_id)
+        self.promotions.kick(repo)  # a gate task may have finished
 
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)
@@ -282,6 +288,7 @@ class Agent:
             asyncio.create_task(self.scaling.run(ctx.stop_event)),
             asyncio.create_task(self.upkeep.run()),
             asyncio.create_task(self.consistent.watch()),
+            asyncio.create_task(self.promotions.run()),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:

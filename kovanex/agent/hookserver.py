@@ -25,6 +25,7 @@ class HookRequest:
     quarantine: str = ""
     options: list[str] = field(default_factory=list)
     refs: list[str] = field(default_factory=list)
+    emit: Callable[[str], None] | None = None  # send a `msg` line now (a streamed report)
 
 
 Handler = Callable[[HookRequest], Awaitable[tuple[bool, list[str]]]]
@@ -60,6 +61,7 @@ class HookServer:
             req = await asyncio.wait_for(self._read(reader), timeout=30)
             if req is None:
                 return
+            req.emit = lambda m: writer.write(f"msg {m.replace(chr(10), ' ')}\n".encode())
             ok, messages = await self.handler(req)
             out = "".join(f"msg {m.replace(chr(10), ' ')}\n" for m in messages)
             writer.write((out + ("ok\n" if ok else "reject\n")).encode())

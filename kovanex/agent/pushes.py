@@ -3,7 +3,7 @@ last word before a push is accepted), post-receive notes what to queue."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ class PushHandler:
         self.replicas = replicas
         self.owner_desc = owner_desc
         self.watch = watch
+        # set by the daemon: a pushed release tag or promote/<version> ref starts a
+        # promotion, whose report streams back through `emit` (kovanex/agent/promotions.py)
+        self.on_release: Callable[..., Awaitable[list[str]]] | None = None
 
     async def on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
         updates = [RefUpdate.parse(r) for r in req.refs]
@@ -45,7 +48,10 @@ class PushHandler:
         if req.phase == "pre-receive":
             return await self._pre_receive(req, repo, updates, options)
         if req.phase == "post-receive":
-            return True, self._post_receive(repo, updates, options)
+            msgs = self._post_receive(repo, updates, options)
+            if self.on_release is not None:
+                msgs += await self.on_release(repo, updates, req.emit)
+            return True, msgs
         return False, [f"kovanex: unknown hook phase {req.phase!r}"]
 
     async def _pre_receive(

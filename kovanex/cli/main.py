@@ -11,6 +11,7 @@ from kovanex import config as cfgmod
 from kovanex.cli import (
     apicmd,
     clustercmd,
+    envcmd,
     nodecmd,
     repocmd,
     scalecmd,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         tokencmd,
         apicmd,
         scalecmd,
+        envcmd,
     ):
         mod.register(sub)
     return p

@@ -287,7 +287,7 @@ HIDE_CONFIG = tuple(
 BARE_CONFIG = (
     ("receive.advertisePushOptions", "true"),
     ("receive.fsckObjects", "true"),
-    ("core.logAllRefUpdates", "true"),
+    ("core.logAllRefUpdates", "always"),  # tags too: who pushed a release (ADR 0022)
     ("gc.auto", "0"),
     *HIDE_CONFIG,
 )

@@ -17,6 +17,10 @@ Layout:
 - `refs/kovanex/skip/`: markers that tell the agent not to schedule a ref.
 - `refs/kovanex/archive/<id>`: a finished task's branch after archiving (`archive_ref`);
   hidden from clients' ref advertisement (`HIDDEN`), replicated like task refs.
+- `refs/heads/env/<name>`: an environment's release history, one commit per promotion;
+  only the agent moves it (ADR 0021), a push there is refused.
+- `refs/heads/promote/<version>`, `refs/tags/<version>`: pushing one starts a promotion.
+- `refs/heads/promotion/<env>/<version>`: one promotion's life (gates, approvals...).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ ARCHIVE = "refs/kovanex/archive/"
 # Namespaces a client's push or fetch never sees advertised (receive/uploadpack.hideRefs),
 # so their cost does not grow with history; cluster peers see them (githttp unhides).
 HIDDEN = (ARCHIVE,)
+ENV_PREFIX = "refs/heads/env/"
+PROMOTE_PREFIX = "refs/heads/promote/"
+PROMOTION_PREFIX = "refs/heads/promotion/"
+TAG_PREFIX = "refs/tags/"
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -84,6 +92,22 @@ def archived_id_of(ref: str) -> str | None:
     return _id_of(ARCHIVE, ref)
 
 
+def env_ref(env: str) -> str:
+    return ENV_PREFIX + env
+
+
+def promotion_ref(env: str, version: str) -> str:
+    return f"{PROMOTION_PREFIX}{env}/{version}"
+
+
+def release_version_of(ref: str) -> str | None:
+    """The version a pushed tag or `promote/<version>` ref names (None: neither)."""
+    for prefix in (TAG_PREFIX, PROMOTE_PREFIX):
+        if ref.startswith(prefix) and "/" not in ref[len(prefix) :]:
+            return ref[len(prefix) :] or None
+    return None
+
+
 def lost_ref(epoch: int, ref: str) -> str:
     """Where `ref`'s old value is kept when the owner of epoch `epoch` is superseded."""
     return f"{LOST}{epoch}/{ref}"
@@ -123,17 +147,22 @@ def mirrored(refs: dict[str, str]) -> dict[str, str]:
 __all__ = [
     "ARCHIVE",
     "HIDDEN",
+    "ENV_PREFIX",
     "HEADS",
     "KOVANEX",
     "LOST",
     "META_REF",
     "OFFERED",
     "RECONCILE",
+    "PROMOTE_PREFIX",
+    "PROMOTION_PREFIX",
     "REFS",
     "SKIP_PREFIX",
     "STAGING",
     "STAGING_REFS",
     "SYNC_STAGING",
+    "TAG_PREFIX",
+    "env_ref",
     "TASK_PREFIX",
     "archive_ref",
     "archived_id_of",
@@ -142,6 +171,8 @@ __all__ = [
     "offered_ref",
     "parse_reconcile_ref",
     "reconcile_ref",
+    "promotion_ref",
+    "release_version_of",
     "sync_staging_ref",
     "task_id_of",
     "task_ref",

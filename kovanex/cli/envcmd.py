@@ -1,0 +1,120 @@
+"""`kovanex env list`, `kovanex promote VERSION --to ENV`, `kovanex approve PROMOTION`,
+`kovanex verify ENV`, `kovanex rollback ENV`: environments and promotions (ADR 0021).
+
+They ask the local agent (the repo's owner decides and writes), and who asks is the
+token's name (`--token` or $KOVANEX_TOKEN), or `local@<node>` for the node's own admin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from kovanex import config as cfgmod
+from kovanex.agent import control
+from kovanex.cli.output import CliError, add_format, emit_json, table
+
+POLL_S = 0.3  # how often --follow asks the agent for new report lines (not synchronisation)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="environments: what each holds and what waits")
+    esub = p.add_subparsers(dest="env_cmd", required=True, metavar="<action>")
+    r = esub.add_parser("list", help="each environment, its nodes, its release, what waits")
+    _common(r, token=False)
+    add_format(r)
+    r.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("promote", help="promote a release into an environment")
+    p.add_argument("version", help="the release, e.g. v1 (a tag or promote/<version>)")
+    p.add_argument("--to", required=True, dest="env", help="target environment")
+    _common(p)
+    p.set_defaults(func=cmd_request, op="promote")
+
+    p = sub.add_parser("approve", help="approve a waiting promotion (ENV/VERSION)")
+    p.add_argument("id", help="the promotion id that `kovanex env list` shows, e.g. prod/v1")
+    _common(p)
+    p.set_defaults(func=cmd_request, op="approve")
+
+    for name, what in (
+        ("verify", "re-run an environment's gates on the release it holds"),
+        ("rollback", "re-promote the last verified release before the current one"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("env", help="environment name")
+        _common(p)
+        p.set_defaults(func=cmd_request, op=name)
+
+
+def _common(p: argparse.ArgumentParser, token: bool = True) -> None:
+    p.add_argument("--repo", default=None, help="repo name (default: the one with environments)")
+    if token:
+        p.add_argument("--token", default=None, help="your token (default: $KOVANEX_TOKEN)")
+    if token:  # every request (all but `env list`) follows its report
+        p.add_argument("--no-wait", action="store_true", help="return at once; don't follow")
+        p.add_argument("--timeout", type=float, default=600.0, help="stop following after S s")
+
+
+def _call(layout: cfgmod.Layout, op: str, **args: Any) -> Any:
+    try:
+        return control.call(layout.control_socket, op, timeout=30.0, **args)
+    except control.ControlError as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    envs = _call(layout, "env.list", repo=args.repo)
+    if args.format == "json":
+        emit_json(envs)
+        return 0
+    rows = []
+    for e in envs:
+        rel = e["release"]
+        held = "-" if rel is None else f"{rel['version']} ({rel['freight'][:7]})"
+        verified = "-" if rel is None else ("yes" if rel["verified"] else "NO")
+        waiting = ", ".join(
+            f"{w['id']} {w['status']}"
+            + (f" ({len(w['approvals'])}/{w['needs']} approvals)" if w["needs"] else "")
+            for w in e["waiting"]
+        )
+        rows.append([e["name"], ",".join(e["nodes"]) or "-", held, verified, waiting or "-"])
+    print(table(rows, ["ENV", "NODES", "RELEASE", "VERIFIED", "WAITING"]))
+    for err in envs[0]["errors"] if envs else []:
+        print(f"warning: {err}")
+    return 0
+
+
+def cmd_request(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    token = getattr(args, "token", None) or os.environ.get("KOVANEX_TOKEN") or None
+    fields = {k: getattr(args, k) for k in ("version", "env", "id") if hasattr(args, k)}
+    res = _call(layout, f"env.{args.op}", repo=args.repo, token=token, **fields)
+    print(f"{res['message']} (as {res['by']})")
+    if getattr(args, "no_wait", True) or not res.get("id"):
+        return 0
+    return follow(layout, res["repo"], res["id"], args.timeout)
+
+
+def follow(layout: cfgmod.Layout, repo: str, pid: str, timeout: float) -> int:
+    """Print a promotion's report as it grows, then the hops it opened, until they settle."""
+    deadline = time.monotonic() + timeout
+    todo, seen, status = [pid], set(), ""
+    printed: set[str] = set()
+    while todo:
+        cur = todo[0]
+        rep = _call(layout, "env.report", repo=repo, id=cur)
+        for n in rep["notes"]:
+            if n["oid"] not in printed:
+                printed.add(n["oid"])
+                print(n["line"], flush=True)
+        if not rep["live"]:
+            seen.add(cur)
+            status = rep["status"]
+            todo = [t for t in todo[1:] + rep["next"] if t not in seen]
+            continue
+        if time.monotonic() > deadline:
+            print(f"still {rep['status']}; follow it: kovanex env list, git log promotion/{cur}")
+            return 0
+        time.sleep(POLL_S)  # polling interval of a CLI, not synchronisation
+    return 0 if status not in ("failed", "unverified") else 1
