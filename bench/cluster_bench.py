@@ -34,7 +34,9 @@ PY = sys.executable
 
 
 class Cluster:
-    def __init__(self, root: Path, pools: dict[str, str], profile: str = "lan") -> None:
+    def __init__(
+        self, root: Path, pools: dict[str, str], profile: str = "lan", init: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
         self.nodes = list(pools)
         token = "bench-token"
@@ -52,6 +54,7 @@ class Cluster:
                 token,
                 "--profile",
                 profile,
+                *init,
             )
         self.procs: dict[str, subprocess.Popen] = {}
         first = self.nodes[0]

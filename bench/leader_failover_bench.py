@@ -21,72 +21,28 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.cluster_bench import Cluster
 from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
 from kovanex.agent import control
 
-PY = sys.executable
-TOKEN = "bench-token"
 
+class NatsCluster(Cluster):
+    """cluster_bench's cluster, on the NATS backend; node kI carries the label pool=kI."""
 
-class NatsCluster:
-    def __init__(self, root: Path, n: int = 5, env: dict[str, str] | None = None) -> None:
-        self.root = root
-        self.names = [f"k{i}" for i in range(n)]
-        self.env = {**os.environ, **(env or {})}
-        for name in self.names:
-            kx(
-                root / name,
-                "init",
-                "--name",
-                name,
-                "--bind",
-                "127.0.0.1:0",
-                "--token",
-                TOKEN,
-                "--coordination",
-                "nats",
-                "--labels",
-                f"node={name}",
-            )
-        self.seed = self.toml(self.names[0]).split('bind = "')[1].split('"')[0]
-        self.procs: dict[str, subprocess.Popen] = {}
-        for name in self.names:
-            self.start(name)
+    def __init__(self, root: Path, n: int = 5) -> None:
+        names = [f"k{i}" for i in range(n)]
+        super().__init__(root, {x: x for x in names}, init=("--coordination", "nats"))
+        self.names = names
 
     def toml(self, name: str) -> str:
         return (self.root / name / "kovanex.toml").read_text()
 
     def port(self, name: str, key: str) -> int:
         return int(self.toml(name).split(f"{key} = ")[1].split("\n")[0])
-
-    def start(self, name: str) -> None:
-        d = self.root / name
-        args = [] if name == self.names[0] else ["--join", self.seed]
-        log = open(d / "agent.log", "ab")
-        self.procs[name] = subprocess.Popen(
-            [PY, "-m", "kovanex", "--data", str(d), "agent", "--log-level", "warning", *args],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env=self.env,
-        )
-        wait(lambda: (d / "run" / "agent.sock").exists(), 30)
-
-    def kill9(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGKILL)
-        self.procs[name].wait()
-        (self.root / name / "run" / "agent.sock").unlink(missing_ok=True)
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-                p.wait(20)
 
     def status(self, name: str) -> dict[str, Any] | None:
         try:
@@ -210,7 +166,7 @@ def floor_trial(c: NatsCluster) -> float:
 
 SPEC = """failover = "{failover}"
 [placement]
-labels = {{ node = "{node}" }}
+labels = {{ pool = "{node}" }}
 [[steps]]
 name = "go"
 run = "date +%s.%N > {marks}/{task}; {tail}"
@@ -304,7 +260,8 @@ def main() -> None:
             print(f"floor {results['floor'][-1]:.2f}s  failover {took:.2f}s  term {t0}->{t1}")
     finally:
         c.stop()
-    c = NatsCluster(root / "b", env={"KOVANEX_NATS_STEP_AWAY": "0"})
+    os.environ["KOVANEX_NATS_STEP_AWAY"] = "0"  # the agents inherit it
+    c = NatsCluster(root / "b")
     try:
         for _ in range(args.trials):
             took, t0, t1 = failover_trial(c, with_stream=True)

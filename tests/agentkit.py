@@ -97,6 +97,8 @@ def kx(*args: str, data: Path | None = None, check: bool = True, cwd: Path | Non
 
 
 class Node:
+    prefix: tuple[str, ...] = ()  # runs the agent under this (`ip netns exec NS`)
+
     def __init__(self, root: Path, name: str, *init_args: str) -> None:
         self.data = root / name
         self.name = name
@@ -107,7 +109,8 @@ class Node:
     def start(self, *extra: str, env: dict[str, str] | None = None) -> Node:
         log = open(self.data / "agent.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kovanex", "--data", str(self.data), "agent", *extra],
+            [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "agent"]
+            + list(extra),
             stdout=log,
             stderr=log,
             start_new_session=True,

@@ -15,7 +15,7 @@ from tests.agentkit import Node, process_gone, wait_for
 TOKEN = "t0ken-for-tests"
 
 
-def _bind(n: Node) -> str:
+def gossip_addr(n: Node) -> str:
     return (n.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
 
 
@@ -44,7 +44,7 @@ def nats_cluster(tmp_path: Path, count: int = 3) -> list[Node]:
     ]
     nodes[0].start()
     for n in nodes[1:]:
-        n.start("--join", _bind(nodes[0]))
+        n.start("--join", gossip_addr(nodes[0]))
     return nodes
 
 
@@ -78,7 +78,9 @@ def test_cluster_status_on_gossip_one_node_leads_at_term_1_several_are_uncoordin
         assert st["nodes"] == [
             {"id": "g1", "role": "leader", "term": 1, "last_heartbeat": "0s ago"}
         ]
-        b = Node(tmp_path, "g2", "--profile", "local", "--token", TOKEN).start("--join", _bind(a))
+        b = Node(tmp_path, "g2", "--profile", "local", "--token", TOKEN).start(
+            "--join", gossip_addr(a)
+        )
         wait_for(lambda: status(a)["cluster_size"] == 2, 20, "g2 joins")
         st = status(a)
         assert (st["leader"], st["status"]) == (None, "uncoordinated")
@@ -103,7 +105,7 @@ def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_pa
             n = Node(
                 tmp_path, f"c{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats"
             )
-            nodes.append(n.start("--join", _bind(first)))
+            nodes.append(n.start("--join", gossip_addr(first)))
         leader, term = wait_for(lambda: agreed(nodes), 60, "one leader and term on every node")
         assert term >= 1
         st = status(nodes[0])

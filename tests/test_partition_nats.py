@@ -12,8 +12,6 @@ One 5-node cluster serves the scenarios in order (starting it is the slow part):
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 
 from tests.agentkit import Node, exchange_dir, fsck, git, wait_for
 from tests.netnskit import Net, skip_reason
+from tests.test_coordination_nats import agreed, gossip_addr, status
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,47 +34,16 @@ class NsNode(Node):
     """A Node whose agent (and `kovanex init`, so its ports are free there) runs inside a
     network namespace; the CLI reaches it through its unix sockets from outside."""
 
-    def __init__(self, root: Path, name: str, net: Net, i: int, join: str = "") -> None:
+    def __init__(self, root: Path, name: str, net: Net, i: int) -> None:
         self.data = root / name
         self.name = name
         self.proc = None
-        self.prefix = net.exec_prefix(i)
-        self.join = join
+        self.prefix = tuple(net.exec_prefix(i))
         addr = net.addrs[i]
         cmd = [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "init"]
         cmd += ["--name", name, "--bind", f"{addr}:0", "--http", f"{addr}:0", "--token", TOKEN]
         cmd += ["--coordination", "nats", "--labels", f"node={name}", "--units", "none"]
         subprocess.run(cmd, check=True, capture_output=True)
-
-    def start(self, *extra: str, env: dict[str, str] | None = None) -> Node:
-        log = open(self.data / "agent.log", "ab")
-        join = ["--join", self.join] if self.join else []
-        self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "agent"]
-            + join,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-        wait_for(self.ready, 30, f"agent {self.name} ready")
-        return self
-
-
-def gossip_addr(n: Node) -> str:
-    return (n.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
-
-
-def status(n: Node) -> dict:
-    return json.loads(n.kx("cluster", "status", "--format", "json").stdout)
-
-
-def agreed(nodes: list[Node]) -> tuple[str, int] | None:
-    seen = {(s["leader"], s["term"]) for s in map(status, nodes)}
-    if len(seen) == 1:
-        leader, term = next(iter(seen))
-        return (leader, term) if leader is not None else None
-    return None
 
 
 def leaders(nodes: list[Node]) -> set[str]:
@@ -121,12 +89,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     net = Net(N)
     nodes: list[NsNode] = []
     try:
-        first = NsNode(root, "p0", net, 0)
-        nodes.append(first)
-        for i in range(1, N):
-            nodes.append(NsNode(root, f"p{i}", net, i, join=gossip_addr(first)))
-        for n in nodes:
-            n.start()
+        nodes += [NsNode(root, f"p{i}", net, i) for i in range(N)]
+        nodes[0].start()
+        for n in nodes[1:]:
+            n.start("--join", gossip_addr(nodes[0]))
         wait_for(lambda: agreed(nodes), 90, "one leader agreed by all five nodes")
         yield net, nodes, root
     finally:

@@ -201,19 +201,27 @@ class NatsCoordination:
         # A server node talks to its own server only: it is always reachable, and NATS
         # routes the request to the stream leader (a connection to a cut-off remote server
         # would hang until the ping timeout). Other roles use any server, pinging often.
-        servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()]
-        if self.server is not None:
-            servers = [self.server.client_url]
-        self.nc = await nats.connect(
-            servers=servers,
-            connect_timeout=1,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.2,
-            allow_reconnect=True,
-            dont_randomize=self.server is not None,
-            ping_interval=1,
-            max_outstanding_pings=2,
-        )
+        while self.nc is None:  # the server may not listen yet; a runner may know no server
+            servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()]
+            if self.server is not None:
+                servers = [self.server.client_url]
+            if not servers:  # never nats-py's default localhost:4222: that is not ours
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                self.nc = await nats.connect(
+                    servers=servers,
+                    connect_timeout=1,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,
+                    allow_reconnect=True,
+                    dont_randomize=self.server is not None,
+                    ping_interval=1,
+                    max_outstanding_pings=2,
+                )
+            except Exception as e:  # noqa: BLE001 - no server reachable yet
+                log.debug("nats connect: %s", e)
+                await asyncio.sleep(0.5)
         js = self.nc.jetstream(timeout=1.0)
         self.kv = await self._bucket(js)
         self.record("coordination", {"msg": "joined the NATS KV bucket"})
