@@ -16,7 +16,8 @@ BENCHES = [
     ["bench.token_bench", "--pushes", "60"],
     ["bench.unit_bench", "--runs", "200"],
     ["bench.server_place", "--places", "2000", "--nodes", "100"],
-]
+    ["bench.scale_bench", "--sizes", "0,1000,10000", "--pushes", "12"],
+]  # bench.peer_bench needs the `bench` extra and redis-server: `make bench-peers`
 
 
 def main() -> int:
