@@ -56,13 +56,13 @@ def kx(data: Path, *args: str) -> str:
     return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
 
 
-def wait(cond: Callable[[], Any], timeout: float = 120.0) -> None:
+def wait(cond: Callable[[], Any], timeout: float = 120.0, every: float = 0.005) -> None:
     """Poll a condition with a deadline (a bench measures; it never sleeps to sync)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             raise SystemExit("bench: timed out waiting")
-        time.sleep(0.005)
+        time.sleep(every)
 
 
 def pct(xs: Sequence[float], p: float) -> float:

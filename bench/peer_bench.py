@@ -10,8 +10,8 @@ run (so all see the same machine load):
 - huey (SQLite storage, 2 thread workers).
 tasks/s is 300 over the time from the first enqueue to the last task done. Enqueue → start
 is measured one task at a time (enqueue, wait for it to finish, repeat), so it is the
-latency of an idle queue, not the backlog: a peer's task notes its own start; a Kovanex
-step's start is its node log file's creation (the runner opens it before it spawns).
+latency of an idle queue, not the backlog: every task notes its own start time (a
+peer's in Python, a Kovanex step with `date +%s.%N`, which costs one spawn more).
 
 celery, huey and the redis client are the `bench` extra (`pip install -e '.[bench]'`),
 redis-server a Debian package; `make bench-peers` installs both.
@@ -31,6 +31,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+import pygit2
+
 from bench.common import (
     install_cleanup,
     kx,
@@ -41,6 +43,7 @@ from bench.common import (
     sh,
     spawn,
     start_agent,
+    step_writable,
     stop,
     wait,
 )
@@ -173,36 +176,40 @@ def kovanex_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
         (work / ".kovanex" / "task.toml").write_text(SPEC)
         sh("git", "add", "-A", cwd=work)
         sh("git", "commit", "-q", "-m", "t", cwd=work)
-        repo = data / "repos" / "peer.git"
-        logs = data / "logs" / "peer"
+        repo = pygit2.Repository(str(data / "repos" / "peer.git"))
+        stamps = step_writable(root / "kstamps")
 
-        def done(tid: str) -> bool:
-            out = sh("git", "--git-dir", str(repo), "log", "-1", "--format=%B", f"task/{tid}")
-            return "Kovanex-State: succeeded" in out
+        def done(tid: str) -> bool:  # in process: polling must not compete with the runs
+            r = repo.references.get(f"refs/heads/task/{tid}")
+            return r is not None and "Kovanex-State: succeeded" in repo[r.target].message
 
-        def all_done(ids: list[str]) -> bool:
-            fmt = "--format=%(refname:lstrip=3) %(trailers:key=Kovanex-State,valueonly)"
-            out = sh("git", "--git-dir", str(repo), "for-each-ref", fmt, "refs/heads/task/")
-            ok = {ln.split()[0] for ln in out.splitlines() if ln.endswith("succeeded")}
-            return ok >= set(ids)
+        left: set[str] = set()
+
+        def all_done(ids: list[str]) -> bool:  # each task is read until it is done, once
+            left.difference_update({t for t in left if done(t)})
+            return not left
 
         sh("git", *auth, "push", "-q", url, "HEAD:refs/heads/task/warm", cwd=work)
         wait(lambda: done("warm"), 120)
         ids = [f"t{i}" for i in range(n)]
         for tid in ids:
             sh("git", "branch", "-q", f"task/{tid}", cwd=work)
+        left.update(ids)
         t0 = time.perf_counter()
         sh("git", *auth, "push", "-q", url, *[f"task/{t}" for t in ids], cwd=work)
-        wait(lambda: all_done(ids), 900)
+        wait(lambda: all_done(ids), 900, every=0.05)
         rate = n / (time.perf_counter() - t0)
         lat = []
+        # the latency tasks note their start as the peers' do (`date` costs a spawn more)
+        stamp = f'[[steps]]\nname = "s"\nrun = "date +%s.%N > {stamps}/$KOVANEX_TASK"\n'
+        (work / ".kovanex" / "task.toml").write_text(stamp)
+        sh("git", "commit", "-q", "-am", "stamp", cwd=work)
         for i in range(lat_n):
             sh("git", "commit", "-q", "--allow-empty", "-m", f"l{i}", cwd=work)
             sent = time.time()
             sh("git", *auth, "push", "-q", url, f"HEAD:refs/heads/task/l{i}", cwd=work)
             wait(lambda i=i: done(f"l{i}"), 60)
-            (log,) = (logs / f"l{i}").glob("*.log")
-            lat.append(log.stat().st_mtime - sent)
+            lat.append(float((stamps / f"l{i}").read_text()) - sent)
         return rate, lat
     finally:
         stop(agent)

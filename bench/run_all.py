@@ -18,7 +18,8 @@ BENCHES = [
     ["bench.server_place", "--places", "2000", "--nodes", "100"],
     ["bench.api_bench", "--requests", "300", "--seconds", "3", "--events", "30"],
     ["bench.promotion_bench", "--releases", "6"],
-]
+    ["bench.scale_bench", "--sizes", "0,1000,10000", "--pushes", "12"],
+]  # bench.peer_bench needs the `bench` extra and redis-server: `make bench-peers`
 
 
 def main() -> int:
