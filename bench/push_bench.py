@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,8 +27,12 @@ def show(data: Path, task: str) -> dict:
     return json.loads(kx(data, "task", "show", task, "--format", "json"))
 
 
-def start_agent(data: Path, name: str, runners: int) -> subprocess.Popen:
-    kx(data, "init", "--name", name, "--bind", "127.0.0.1:0", "--runners", str(runners))
+TOKEN = "bench-token"
+
+
+def start_agent(data: Path, name: str, runners: int | None) -> subprocess.Popen:
+    more = [] if runners is None else ["--runners", str(runners)]
+    kx(data, "init", "--name", name, "--bind", "127.0.0.1:0", "--token", TOKEN, *more)
     log = open(data / "agent.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kovanex", "--data", str(data), "agent", "--log-level", "warning"],
@@ -37,6 +42,12 @@ def start_agent(data: Path, name: str, runners: int) -> subprocess.Popen:
     )
     wait(lambda: (data / "run" / "hook").exists(), 30)
     return proc
+
+
+def http_url(data: Path, repo: str) -> str:
+    """The agent's smart-HTTP URL for `repo`, with the cluster token as the password."""
+    bind = (data / "kovanex.toml").read_text().split("[http]")[1].split('bind = "')[1].split('"')[0]
+    return f"http://kx:{TOKEN}@{bind}/git/{repo}.git"
 
 
 def bench_push(tmp: Path, data: Path, n: int) -> dict:
@@ -71,23 +82,21 @@ def bench_push(tmp: Path, data: Path, n: int) -> dict:
 
 
 def floor_rate(tmp: Path, n: int) -> float:
-    """Spawn `true` + three CAS'd commits with pygit2 per task, single-threaded."""
+    """Issue 11's floor: per task, one spawn of `sh -c true` plus two commits and one ref
+    written with pygit2, single-threaded."""
     repo = pygit2.init_repository(str(tmp / "floor.git"), bare=True)
     sig = pygit2.Signature("b", "b@b")
     tree = repo.TreeBuilder().write()
     base = repo.create_commit(None, sig, sig, "base", tree, [])
     t0 = time.perf_counter()
     for i in range(n):
-        ref = repo.references.create(f"refs/heads/task/f{i}", base)
+        subprocess.run(["sh", "-c", "true"], check=True)
         parent = base
-        for state in ("placed", "running", "succeeded"):
-            if state == "running":
-                subprocess.run(["true"], check=True)
-            c = repo.create_commit(
+        for state in ("running", "succeeded"):
+            parent = repo.create_commit(
                 None, sig, sig, f"{state}\n\nKovanex-State: {state}", tree, [parent]
             )
-            ref.set_target(c)
-            parent = c
+        repo.references.create(f"refs/heads/task/f{i}", parent)
     return n / (time.perf_counter() - t0)
 
 
@@ -108,7 +117,7 @@ def bench_throughput(tmp: Path, data: Path, n: int) -> float:
         "push",
         "-q",
         "--atomic",
-        str(data / "repos" / "tput.git"),
+        http_url(data, "tput"),
         *[f"task/t{i}" for i in range(n)],
         cwd=work,
     )
@@ -128,12 +137,13 @@ def bench_throughput(tmp: Path, data: Path, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pushes", type=int, default=40)
-    ap.add_argument("--tasks", type=int, default=100)
-    ap.add_argument("--runners", type=int, default=4)
+    ap.add_argument("--tasks", type=int, default=300)
+    ap.add_argument("--runners", type=int, default=None, help="default: init's default")
     a = ap.parse_args()
     tmp = sandbox("kx-bench-")
     data = tmp / "n1"
-    proc = start_agent(data, "n1", a.runners)
+    # units are named by node, and another bench on this host may run an "n1"
+    proc = start_agent(data, f"pb{os.getpid()}", a.runners)
     try:
         time.sleep(2.0)  # let the agent settle before sampling idle RSS (a measurement, not sync)
         rss = psutil.Process(proc.pid).memory_info().rss / 2**20
@@ -167,11 +177,11 @@ def main() -> None:
                 ["push return → first step p50 (ms)", ms(r["first_step"], 50), "", "", "≤50"],
                 ["push return → first step p95 (ms)", ms(r["first_step"], 95), "", "", ""],
                 [
-                    f"trivial tasks/s ({a.tasks} tasks, {a.runners} runners)",
+                    f"trivial tasks/s ({a.tasks} tasks over HTTP, {a.runners or 'default'} runners)",
                     f"{tput:.1f}",
                     f"{floor:.1f} floor",
                     f"{tput / floor:.2f}",
-                    "≥200/s",
+                    "≥0.33 of the floor",
                 ],
                 ["agent idle RSS (MB)", f"{rss:.1f}", "", "", "≤80"],
             ],
