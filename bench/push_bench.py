@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pygit2
@@ -148,11 +149,19 @@ def main() -> None:
         time.sleep(2.0)  # let the agent settle before sampling idle RSS (a measurement, not sync)
         rss = psutil.Process(proc.pid).memory_info().rss / 2**20
         r = bench_push(tmp, data, a.pushes)
+        agent = psutil.Process(proc.pid)
+        c0 = agent.cpu_times()
         tput = bench_throughput(tmp, data, a.tasks)
+        c1 = agent.cpu_times()
         floor = floor_rate(tmp, a.tasks)
     finally:
         proc.terminate()
         proc.wait(15)
+
+    def cpu(c0: Any, c1: Any, children: bool) -> str:
+        f = ("children_user", "children_system") if children else ("user", "system")
+        return f"{1000 * sum(getattr(c1, k) - getattr(c0, k) for k in f) / a.tasks:.1f}"
+
     ms = lambda xs, p: f"{1000 * pct(xs, p):.1f}"  # noqa: E731
     ratio50 = p50(r["kovanex"]) / p50(r["plain"])
     ratio95 = pct(r["kovanex"], 95) / pct(r["plain"], 95)
@@ -183,6 +192,8 @@ def main() -> None:
                     f"{tput / floor:.2f}",
                     "≥0.33 of the floor",
                 ],
+                ["agent CPU ms/task, throughput run (itself)", cpu(c0, c1, False), "", "", ""],
+                ["agent CPU ms/task, throughput run (children)", cpu(c0, c1, True), "", "", ""],
                 ["agent idle RSS (MB)", f"{rss:.1f}", "", "", "≤80"],
             ],
         )

@@ -78,10 +78,32 @@ class RemoteLedger:
         files: dict[str, bytes] | None = None,
         body: str = "",
     ) -> str:
+        return self.append_all(
+            task_id,
+            [tr],
+            expected_tip=expected_tip,
+            lease_epoch=lease_epoch,
+            tree=tree,
+            files=files,
+            body=body,
+        )
+
+    def append_all(
+        self,
+        task_id: str,
+        trs: list[taskcore.Transition],
+        *,
+        expected_tip: str,
+        lease_epoch: int,
+        tree: str | None = None,
+        files: dict[str, bytes] | None = None,
+        body: str = "",
+    ) -> str:
+        """The chain is committed locally, then one CAS push moves the owner's branch."""
         with self._lock:
-            new = self.local.append(
+            new = self.local.append_all(
                 task_id,
-                tr,
+                trs,
                 expected_tip=expected_tip,
                 lease_epoch=lease_epoch,
                 tree=tree,
