@@ -118,7 +118,7 @@ class Agent:
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
-        self.runs.on_finished = self.dispatcher.changed
+        self.runs.on_finished = self.dispatcher.ran
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.kick = self.dispatcher.changed
@@ -180,7 +180,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ctx.stop_event.set)
         layout.run.mkdir(parents=True, exist_ok=True)
-        self.watcher = RefWatcher(layout.repos, loop, self.dispatcher.changed)
+        self.watcher = RefWatcher(layout.repos, loop, self.dispatcher.ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
         self.watcher.start()
