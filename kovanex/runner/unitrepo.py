@@ -38,13 +38,16 @@ _UNIT_CFG = {
 }
 # Fill and check out; $1 = clone dir, $2 = commit, $3 = "fresh" to start over.
 # The config and hooks dir are rewritten each time, so a previous task's step
-# cannot leave a filter or hook behind for the next task in this unit.
+# cannot leave a filter or hook behind for the next task in this unit; `rm` runs only
+# when there is something to remove (one exec less per task, issue 11).
 _PREPARE = r"""set -e
 d=$1; c=$2
 if [ "$3" = fresh ] || [ ! -d "$d/.git/objects" ]; then rm -rf "$d"; mkdir -p "$d"; git init -q "$d"; fi
 cd "$d"
 printf '[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n' > .git/config
-rm -rf .git/hooks .git/info .git/index.lock
+for p in .git/hooks .git/info .git/index.lock; do
+  if [ -e "$p" ] || [ -L "$p" ]; then rm -rf .git/hooks .git/info .git/index.lock; break; fi
+done
 git index-pack --stdin --fix-thin >/dev/null
 git checkout -q --force --detach "$c"
 git clean -ffdxq
