@@ -189,7 +189,7 @@ def main() -> None:
                     f"trivial tasks/s ({a.tasks} tasks over HTTP, {a.runners or 'default'} runners)",
                     f"{tput:.1f}",
                     f"{floor:.1f} floor",
-                    f"{tput / floor:.2f}",
+                    f"{tput / floor:.3f}",
                     "≥0.33 of the floor",
                 ],
                 ["agent CPU ms/task, throughput run (itself)", cpu(c0, c1, False), "", "", ""],
