@@ -356,6 +356,16 @@ def test_list_tasks(store: RefStore) -> None:
     assert led.list_tasks() == ["a", "b", "c.1", "zz"]
 
 
+def log_states(repo: Path) -> str:
+    """`git log` of task/t1: each subject with its state and epoch trailers."""
+    return git(
+        repo,
+        "log",
+        "--format=%s|%(trailers:key=Kovanex-State,key=Kovanex-Epoch,valueonly,separator=%x2C)",
+        "task/t1",
+    )
+
+
 def test_git_log_is_the_audit_trail(tmp_path: Path) -> None:
     repo = tmp_path / "r.git"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
@@ -364,12 +374,7 @@ def test_git_log_is_the_audit_trail(tmp_path: Path) -> None:
     submit(store, "t1")
     queue(led, "t1")
     led.claim("t1", "n1", {"Score": "0.5"})
-    out = git(
-        repo,
-        "log",
-        "--format=%s|%(trailers:key=Kovanex-State,key=Kovanex-Epoch,valueonly,separator=%x2C)",
-        "task/t1",
-    )
+    out = log_states(repo)
     assert out.splitlines() == [
         "kovanex: placed t1 on n1 (epoch 1)|placed,1",
         "kovanex: queued t1 (epoch 0)|queued,0",
@@ -400,12 +405,7 @@ def test_a_chain_is_one_commit_per_transition_and_one_ref_move(tmp_path: Path) -
     files = {".kovanex/logs/1-s.log": b"ok\n"}
     steps = T.step_done(v, 0, "s", 1, "ok", 0, 0)
     tip = led.append_all("t1", steps, expected_tip=tip, lease_epoch=v.epoch, files=files)
-    out = git(
-        repo,
-        "log",
-        "--format=%s|%(trailers:key=Kovanex-State,key=Kovanex-Epoch,valueonly,separator=%x2C)",
-        "task/t1",
-    )
+    out = log_states(repo)
     assert out.splitlines() == [
         "kovanex: succeeded t1 on n1 (epoch 1)|succeeded,1",
         "kovanex: running t1 step 1/1 s ok on n1 (epoch 1)|running,1",

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kovanex.clock import SYSTEM, Clock
 from kovanex.core import task as taskcore
@@ -67,26 +68,9 @@ class RemoteLedger:
     def tip(self, task_id: str) -> str | None:
         return self.local.tip(task_id)
 
-    def append(
-        self,
-        task_id: str,
-        tr: taskcore.Transition,
-        *,
-        expected_tip: str,
-        lease_epoch: int,
-        tree: str | None = None,
-        files: dict[str, bytes] | None = None,
-        body: str = "",
-    ) -> str:
-        return self.append_all(
-            task_id,
-            [tr],
-            expected_tip=expected_tip,
-            lease_epoch=lease_epoch,
-            tree=tree,
-            files=files,
-            body=body,
-        )
+    def append(self, task_id: str, tr: taskcore.Transition, **kw: Any) -> str:
+        """One transition: a chain of one (see `append_all`)."""
+        return self.append_all(task_id, [tr], **kw)
 
     def append_all(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from kovanex.core import task as core
 from kovanex.core.task import TaskView, Transition
@@ -107,27 +108,10 @@ class TaskLedger:
         tip = self.tip(task_id)
         return None if tip is None else self.store.read_file(tip, SPEC_PATH)
 
-    def append(
-        self,
-        task_id: str,
-        transition: Transition,
-        *,
-        expected_tip: str | None,
-        lease_epoch: int,
-        tree: str | None = None,
-        files: dict[str, bytes | None] | None = None,
-        body: str = "",
-    ) -> str:
-        """Write one transition commit on `expected_tip`; returns the new tip."""
-        return self.append_all(
-            task_id,
-            [transition],
-            expected_tip=expected_tip,
-            lease_epoch=lease_epoch,
-            tree=tree,
-            files=files,
-            body=body,
-        )
+    def append(self, task_id: str, transition: Transition, **kw: Any) -> str:
+        """Write one transition commit on `expected_tip`; returns the new tip. The keywords
+        are `append_all`'s (expected_tip, lease_epoch, tree, files, body)."""
+        return self.append_all(task_id, [transition], **kw)
 
     def append_all(
         self,
