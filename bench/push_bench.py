@@ -51,7 +51,7 @@ def http_url(data: Path, repo: str) -> str:
     return f"http://kx:{TOKEN}@{bind}/git/{repo}.git"
 
 
-def bench_push(tmp: Path, data: Path, n: int) -> dict:
+def bench_push(tmp: Path, data: Path, n: int, same_refs: bool = True) -> dict:
     plain = tmp / "plain.git"
     sh("git", "init", "-q", "--bare", str(plain))
     kx(data, "repo", "create", "bench")
@@ -67,6 +67,11 @@ def bench_push(tmp: Path, data: Path, n: int) -> dict:
         sh("git", "add", "-A", cwd=work)
         sh("git", "commit", "-q", "--allow-empty", "-m", f"t{i}", cwd=work)
         sh("git", "branch", "-q", f"task/p{i}", cwd=work)
+        # issue 11: the anchor is "a plain bare repo holding the same refs". Kovanex's
+        # branches end in the agent's commits, which the pusher lacks, so a push to it
+        # negotiates with fewer common commits than one to a repo of the pusher's own.
+        if same_refs:
+            sh("git", "--git-dir", str(plain), "fetch", "-q", str(kxrepo), "+refs/*:refs/*")
         for target, acc in ((plain, plain_t), (kxrepo, kx_t)):
             t0 = time.perf_counter()
             sh("git", "push", "-q", str(target), f"task/p{i}", cwd=work)
@@ -140,6 +145,11 @@ def main() -> None:
     ap.add_argument("--pushes", type=int, default=40)
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--runners", type=int, default=None, help="default: init's default")
+    ap.add_argument(
+        "--own-refs-anchor",
+        action="store_true",
+        help="the anchor holds only the pusher's commits (issue 2's anchor), not Kovanex's refs",
+    )
     a = ap.parse_args()
     tmp = sandbox("kx-bench-")
     data = tmp / "n1"
@@ -148,7 +158,7 @@ def main() -> None:
     try:
         time.sleep(2.0)  # let the agent settle before sampling idle RSS (a measurement, not sync)
         rss = psutil.Process(proc.pid).memory_info().rss / 2**20
-        r = bench_push(tmp, data, a.pushes)
+        r = bench_push(tmp, data, a.pushes, not a.own_refs_anchor)
         agent = psutil.Process(proc.pid)
         c0 = agent.cpu_times()
         tput = bench_throughput(tmp, data, a.tasks)
