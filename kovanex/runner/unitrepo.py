@@ -54,9 +54,11 @@ git clean -ffdxq
 """
 # Snapshot in one unit process: stage, write the tree, name it on stderr, then stream
 # the objects the base lacks on stdout; $1 = the base commit. One setpriv and one shell
-# per snapshot instead of two of each (issue 11).
+# per snapshot instead of two of each (issue 11). stderr is read only after the pack, so
+# `git add`'s warnings (one per file, unbounded) are dropped; a failing add runs again to
+# say why.
 _SNAPSHOT = r"""set -e
-git add -A -- .
+git add -A -- . 2>/dev/null || git add -A -- .
 t=$(git write-tree)
 printf 'kovanex-tree %s\n' "$t" >&2
 printf '%s\n^%s\n' "$t" "$1" | git pack-objects --revs --stdout -q
