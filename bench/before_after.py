@@ -30,6 +30,10 @@ def rows(text: str) -> dict[str, float]:
             out[cells[0]] = float(cells[1].split()[0])
         except (ValueError, IndexError):
             continue
+        try:  # a same-run ratio to the anchor (e.g. tasks/s ÷ floor), when the table has one
+            out[cells[0] + " ÷ anchor"] = float(cells[3].split()[0])
+        except (ValueError, IndexError):
+            pass
     return out
 
 
@@ -41,6 +45,10 @@ def run(checkout: Path, module: list[str]) -> dict[str, float]:
     if res.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(module)} failed:\n{res.stderr[-2000:]}")
     return rows(res.stdout)
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
 def main() -> int:
@@ -65,7 +73,7 @@ def main() -> int:
     for k in names:
         b = statistics.median(r[k] for r in got["before"])
         f = statistics.median(r[k] for r in got["after"])
-        print(f"| {k} | {b:.1f} | {f:.1f} | {f / b:.2f} |" if b else f"| {k} | {b} | {f} | - |")
+        print(f"| {k} | {_num(b)} | {_num(f)} | {f / b:.2f} |" if b else f"| {k} | {b} | {f} | - |")
     return 0
 
 

@@ -236,3 +236,26 @@ def test_decision_type_is_the_cores() -> None:
     from kovanex.agent import placement, serverplace
 
     assert placement.Decision is Decision and serverplace.Decision is Decision
+
+
+def test_the_watchers_echo_of_our_own_write_is_announced_not_reconciled(node: Node) -> None:
+    """Issue 11: every commit we write comes back from the watcher. Our own tip needs only
+    an announcement (no reconcile, no settle); anybody else's move is reconciled, settled."""
+    from kovanex.agent.dispatch import Dispatcher
+
+    submit(node.led, "t1")
+
+    async def go() -> None:
+        d = Dispatcher(node.repos, node.sched, replicas=None)
+        await node.sched.reconcile_task("r", "t1")  # we write `queued`
+        d.ref_moved("r", "t1")
+        assert (d._dirty, d._announce, d._settle) == ({}, {"r"}, False)
+        v = node.led.read("t1")  # someone else moves the branch (a cancel, a push)
+        node.led.append("t1", taskcore.cancel(v, "by hand"), expected_tip=v.tip, lease_epoch=9)
+        d.ref_moved("r", "t1")
+        assert (d._dirty, d._settle) == ({"r": {"t1"}}, True)
+        d2 = Dispatcher(node.repos, node.sched, replicas=None)
+        d2.ran("r", "t1")  # a finished run frees a slot: place at once
+        assert (d2._dirty, d2._settle) == ({"r": {"t1"}}, False)
+
+    asyncio.run(go())

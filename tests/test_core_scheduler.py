@@ -80,6 +80,9 @@ def test_placing_here_writes_a_new_lease_then_starts_it() -> None:
         "n1",
     )
     assert write.transition.extra["Score"] == "0.9"
+    # `running` rides on the same CAS as its own commit: same lease, same node and epoch
+    (running,) = write.then
+    assert (running.state, running.epoch, running.node) == (taskcore.RUNNING, 4, "n1")
     assert start == StartRun("r", "t1", 4)
     assert s.pending == {}
 
@@ -88,6 +91,8 @@ def test_placing_elsewhere_announces_the_assignment() -> None:
     s = Scheduler("n1")
     effects = s.decide("r", task_view(epoch=1), Decision(node="n2"), slot_free=False)
     assert effects[1] == Assign("r", "t1", "n2", 2)
+    # the remote runner writes its own `running` when it starts, not the owner
+    assert isinstance(effects[0], WriteRef) and effects[0].then == ()
 
 
 def test_no_free_slot_here_waits_without_writing() -> None:

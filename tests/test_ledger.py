@@ -377,6 +377,16 @@ def test_list_tasks(store: RefStore) -> None:
     assert led.list_tasks() == ["a", "b", "c.1", "zz"]
 
 
+def log_states(repo: Path) -> str:
+    """`git log` of task/t1: each subject with its state and epoch trailers."""
+    return git(
+        repo,
+        "log",
+        "--format=%s|%(trailers:key=Kovanex-State,key=Kovanex-Epoch,valueonly,separator=%x2C)",
+        "task/t1",
+    )
+
+
 def test_git_log_is_the_audit_trail(tmp_path: Path) -> None:
     repo = tmp_path / "r.git"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
@@ -385,14 +395,74 @@ def test_git_log_is_the_audit_trail(tmp_path: Path) -> None:
     submit(store, "t1")
     queue(led, "t1")
     led.claim("t1", "n1", {"Score": "0.5"})
-    out = git(
-        repo,
-        "log",
-        "--format=%s|%(trailers:key=Kovanex-State,key=Kovanex-Epoch,valueonly,separator=%x2C)",
-        "task/t1",
-    )
+    out = log_states(repo)
     assert out.splitlines() == [
         "kovanex: placed t1 on n1 (epoch 1)|placed,1",
         "kovanex: queued t1 (epoch 0)|queued,0",
         "my task|",
     ]
+
+
+# ---- chains: several transition commits, one CAS (issue 11) -------------------------------
+
+
+def _placed_and_running(led: TaskLedger, tid: str) -> tuple[T.TaskView, list[Transition]]:
+    v = led.read(tid)
+    placed = T.place(v, "n1")
+    return v, [placed, T.start(T.apply(v, "", placed), "n1", placed.epoch)]
+
+
+def test_a_chain_is_one_commit_per_transition_and_one_ref_move(tmp_path: Path) -> None:
+    repo = tmp_path / "r.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    git(repo, "config", "core.logAllRefUpdates", "true")
+    store = Pygit2Store(str(repo))
+    led = TaskLedger(store, "n1")
+    submit(store, "t1")
+    queue(led, "t1")
+    v, chain = _placed_and_running(led, "t1")
+    tip = led.append_all("t1", chain, expected_tip=v.tip, lease_epoch=chain[0].epoch)
+    v = led.read("t1")
+    files = {".kovanex/logs/1-s.log": b"ok\n"}
+    steps = T.step_done(v, 0, "s", 1, "ok", 0, 0)
+    tip = led.append_all("t1", steps, expected_tip=tip, lease_epoch=v.epoch, files=files)
+    out = log_states(repo)
+    assert out.splitlines() == [
+        "kovanex: succeeded t1 on n1 (epoch 1)|succeeded,1",
+        "kovanex: running t1 step 1/1 s ok on n1 (epoch 1)|running,1",
+        "kovanex: running t1 on n1 (epoch 1)|running,1",
+        "kovanex: placed t1 on n1 (epoch 1)|placed,1",
+        "kovanex: queued t1 (epoch 0)|queued,0",
+        "my task|",
+    ]
+    # every commit of a chain carries the chain's tree (the step's log is in both)
+    assert store.read_file(tip, ".kovanex/logs/1-s.log") == b"ok\n"
+    assert store.read_file(store.read_commit(tip).parents[0], ".kovanex/logs/1-s.log") == b"ok\n"
+    # one reflog entry per chain: readers saw queued -> running -> succeeded, one CAS each
+    moves = git(repo, "reflog", "show", "--format=%H", "refs/heads/task/t1").split()
+    assert len(moves) == 4 and moves[0] == tip
+    # the view read back from the tip is the one a full walk folds
+    assert led.read("t1") == T.fold("t1", [(h[0], h[1]) for h in led.history("t1")])
+
+
+def test_a_chain_refused_by_cas_or_epoch_writes_nothing(store: RefStore) -> None:
+    led = TaskLedger(store, "n1")
+    c = submit(store, "t1")
+    queued = queue(led, "t1")
+    v, chain = _placed_and_running(led, "t1")
+    with pytest.raises(CasConflict):
+        led.append_all("t1", chain, expected_tip=c, lease_epoch=chain[0].epoch)
+    assert store.get_ref(task_ref("t1")) == queued
+    led.append_all("t1", chain, expected_tip=v.tip, lease_epoch=chain[0].epoch)
+    v = led.read("t1")
+    requeued = T.requeue(v, "n1 presumed dead")
+    tip = led.append("t1", requeued, expected_tip=v.tip, lease_epoch=requeued.epoch)
+    # the old holder's step and its outcome, under the fenced epoch: refused whole
+    stale = T.step_done(v, 0, "s", 1, "ok", 0, 0)
+    with pytest.raises(StaleEpoch):
+        led.append_all("t1", stale, expected_tip=tip, lease_epoch=v.epoch)
+    # a good lease does not carry a chain with a stale transition in it either
+    mixed = [T.place(led.read("t1"), "n2"), stale[1]]
+    with pytest.raises(StaleEpoch):
+        led.append_all("t1", mixed, expected_tip=tip, lease_epoch=mixed[0].epoch)
+    assert store.get_ref(task_ref("t1")) == tip

@@ -331,3 +331,24 @@ def test_each_held_slot_gets_its_own_unit_and_gives_it_back() -> None:
     assert slots.take_unit() == 2
     with pytest.raises(RuntimeError):
         slots.take_unit()
+
+
+@needs_root
+def test_prepare_removes_what_a_step_planted_in_git_dir(units, tmp_path: Path) -> None:
+    """`rm` runs only when needed (issue 11); planted hooks, info/ (attributes, exclude)
+    and a dangling symlink in their place must still be gone before the next task."""
+    bare, head = _bare_with_commit(tmp_path)
+    u = units[0]
+    clone = unitrepo.prepare(bare, head, u, "demo")
+    assert not (clone / ".git" / "hooks").exists() and not (clone / ".git" / "info").exists()
+    step = (
+        "mkdir -p .git/hooks .git/info && echo '* -text' > .git/info/attributes && "
+        "ln -s /nonexistent .git/index.lock"
+    )
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", step], cwd=clone, check=True)
+    unitrepo.prepare(bare, head, u, "demo")
+    for p in ("hooks", "info", "index.lock"):
+        assert not os.path.lexists(clone / ".git" / p), p
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "ln -s /nowhere .git/info"], cwd=clone)
+    unitrepo.prepare(bare, head, u, "demo")
+    assert not os.path.lexists(clone / ".git" / "info")

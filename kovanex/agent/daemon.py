@@ -157,7 +157,7 @@ class Agent:
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
-        self.runs.on_finished = self.dispatcher.changed
+        self.runs.on_finished = self.dispatcher.ran
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract
@@ -191,7 +191,7 @@ class Agent:
             self.watcher.watch(self.repos.path(repo))
 
     def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
-        self.dispatcher.changed(repo, task_id)
+        self.dispatcher.ref_moved(repo, task_id)
         self.api.ref_moved(repo, task_id)
         self.promotions.kick(repo)  # a gate task may have finished
 

@@ -31,10 +31,32 @@ class Dispatcher:
         self._dirty: dict[str, set[str] | None] = {}
         self._announce: set[str] = set()
         self._kick = asyncio.Event()
+        self._settle = False
 
-    def changed(self, repo: str, task_id: str | None = None) -> None:
+    def ran(self, repo: str, task_id: str) -> None:
+        """A run ended and freed a slot: no push is in flight, so place at once."""
+        self.changed(repo, task_id, settle=False)
+
+    def ref_moved(self, repo: str, task_id: str | None) -> None:
+        """The watcher saw a ref move. Our own write's echo (the tip we just wrote) needs
+        no reconcile and no settle, only an announcement to the replicas: otherwise every
+        commit of a busy node would delay the next placement by SETTLE_S."""
+        if task_id and repo:
+            try:
+                ours = self.scheduler.tips.get((repo, task_id))
+                echo = ours is not None and self.repos.ledger(repo).tip(task_id) == ours
+            except Exception:  # noqa: BLE001 - unknown repo: treat it as a real move
+                echo = False
+            if echo:
+                self.changed(repo, "", settle=False)
+                return
+        self.changed(repo, task_id)
+
+    def changed(self, repo: str, task_id: str | None = None, settle: bool = True) -> None:
         """Note a moved ref; a known task id avoids re-listing every task of the repo, and
-        "" (a non-task ref, or no repo at all) only needs announcing / a placement pass."""
+        "" (a non-task ref, or no repo at all) only needs announcing / a placement pass.
+        `settle`: a push may still be finishing, so wait SETTLE_S before acting."""
+        self._settle = self._settle or settle
         if task_id == "":
             if repo:
                 self._announce.add(repo)
@@ -55,8 +77,10 @@ class Dispatcher:
     async def run(self) -> None:
         while True:
             await self._kick.wait()
-            await asyncio.sleep(SETTLE_S)
+            if self._settle:
+                await asyncio.sleep(SETTLE_S)
             self._kick.clear()
+            self._settle = False
             dirty, self._dirty = self._dirty, {}
             announce, self._announce = self._announce, set()
             owned = set(self.repos.owned())

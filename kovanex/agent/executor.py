@@ -131,15 +131,17 @@ class TaskRun:
     async def _append(
         self,
         view: taskcore.TaskView,
-        tr: taskcore.Transition,
+        trs: list[taskcore.Transition],
         tree: str | None = None,
         files: dict[str, bytes] | None = None,
     ) -> taskcore.TaskView:
+        """Commit `trs` in order and move the branch once (a step and the state it leads
+        to are two commits but one CAS: ledger.append_all)."""
         try:
             tip = await self._call(
-                self.ledger.append,
+                self.ledger.append_all,
                 self.lease.task_id,
-                tr,
+                trs,
                 expected_tip=view.tip,
                 lease_epoch=self.lease.epoch,
                 tree=tree,
@@ -148,7 +150,9 @@ class TaskRun:
         except (CasConflict, StaleEpoch) as e:
             raise StandDown(f"write refused: {e}") from e
         self.table.on_tip(self.lease.repo, self.lease.task_id, tip)
-        return taskcore.apply(view, tip, tr)
+        for tr in trs[:-1]:
+            view = taskcore.apply(view, "", tr)
+        return taskcore.apply(view, tip, trs[-1])
 
     async def _run(self) -> None:
         view = await self._view()
@@ -156,7 +160,9 @@ class TaskRun:
         spec = specmod.load_spec(data or b"", specmod.SPEC_PATH, self.ctx.cfg.limits)
         total = len(spec.steps)
         if view.state == taskcore.PLACED:
-            view = await self._append(view, taskcore.start(view, self.lease.node, self.lease.epoch))
+            view = await self._append(
+                view, [taskcore.start(view, self.lease.node, self.lease.epoch)]
+            )
         repo_path = self.repo_path
         await asyncio.to_thread(self._prepare, repo_path, view.tip)
         while True:
@@ -264,20 +270,18 @@ class TaskRun:
             tree = await asyncio.to_thread(
                 unitrepo.snapshot, self.wt, self.unit, self.repo_path, self.base
             )
-            view = await self._append(view, trs[0], tree=tree, files={rel: capped})
+            view = await self._append(view, trs, tree=tree, files={rel: capped})
             fresh = True
         elif outcome.result == "ok":
             (self.wt / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.wt / rel).write_bytes(capped)
             tree = await asyncio.to_thread(worktree.snapshot, self.wt)
-            view = await self._append(view, trs[0], tree=tree)
+            view = await self._append(view, trs, tree=tree)
             fresh = False
         else:
             # A failed step's file changes are not kept: a retry starts from the last good tree.
-            view = await self._append(view, trs[0], files={rel: capped})
+            view = await self._append(view, trs, files={rel: capped})
             fresh = True
-        for tr in trs[1:]:
-            view = await self._append(view, tr)
         return view, fresh
 
     async def _serve(

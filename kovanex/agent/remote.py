@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kovanex.clock import SYSTEM, Clock
 from kovanex.core import task as taskcore
@@ -67,10 +68,14 @@ class RemoteLedger:
     def tip(self, task_id: str) -> str | None:
         return self.local.tip(task_id)
 
-    def append(
+    def append(self, task_id: str, tr: taskcore.Transition, **kw: Any) -> str:
+        """One transition: a chain of one (see `append_all`)."""
+        return self.append_all(task_id, [tr], **kw)
+
+    def append_all(
         self,
         task_id: str,
-        tr: taskcore.Transition,
+        trs: list[taskcore.Transition],
         *,
         expected_tip: str,
         lease_epoch: int,
@@ -78,10 +83,11 @@ class RemoteLedger:
         files: dict[str, bytes] | None = None,
         body: str = "",
     ) -> str:
+        """The chain is committed locally, then one CAS push moves the owner's branch."""
         with self._lock:
-            new = self.local.append(
+            new = self.local.append_all(
                 task_id,
-                tr,
+                trs,
                 expected_tip=expected_tip,
                 lease_epoch=lease_epoch,
                 tree=tree,

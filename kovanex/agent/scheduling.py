@@ -275,9 +275,9 @@ class TaskScheduler:
             key = (repo, e.task_id)
             if isinstance(e, WriteRef):
                 try:
-                    tip = ledger.append(
+                    tip = ledger.append_all(
                         e.task_id,
-                        e.transition,
+                        [e.transition, *e.then],
                         expected_tip=e.expected_tip,
                         lease_epoch=e.transition.epoch,
                     )

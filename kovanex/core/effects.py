@@ -54,12 +54,15 @@ class WriteRef:
     The shell refuses the write if the branch moved from `expected_tip` or the epoch is
     stale; it then re-reads and asks the decider again instead of retrying blindly.
     A `placed` transition is a placement (a new lease), a `queued` one a requeue.
+    `then` are more transitions committed on top of it, each its own commit in `git log`,
+    with the branch moved once over the whole chain (ledger.append_all).
     """
 
     repo: str
     task_id: str
     transition: Any  # core.task.Transition (Any: effects stays import-free)
     expected_tip: str
+    then: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,11 +117,17 @@ class Scheduler:
             return []  # a slot release kicks another pass
         self.pending.pop(key, None)
         tr = taskcore.place(view, decision.node, decision.extra)
-        then: Effect
         if decision.node == self.node:
-            then = StartRun(repo, view.task_id, tr.epoch)
-        else:
-            then = Assign(repo, view.task_id, decision.node, tr.epoch)
+            # Placed here with a slot in hand: `running` follows at once, so `placed` and
+            # `running` are written as two commits with one CAS (issue 11). `git log` keeps
+            # both states; the run finds its lease already running and goes on from there.
+            placed = taskcore.apply(view, "", tr)
+            running = taskcore.start(placed, self.node, tr.epoch)
+            return [
+                WriteRef(repo, view.task_id, tr, view.tip, then=(running,)),
+                StartRun(repo, view.task_id, tr.epoch),
+            ]
+        then = Assign(repo, view.task_id, decision.node, tr.epoch)
         return [WriteRef(repo, view.task_id, tr, view.tip), then]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kovanex.core import task as core
 from kovanex.core.task import TaskView, Transition
@@ -129,10 +130,15 @@ class TaskLedger:
         tip = self.tip(task_id)
         return None if tip is None else self.store.read_file(tip, SPEC_PATH)
 
-    def append(
+    def append(self, task_id: str, transition: Transition, **kw: Any) -> str:
+        """Write one transition commit on `expected_tip`; returns the new tip. The keywords
+        are `append_all`'s (expected_tip, lease_epoch, tree, files, body)."""
+        return self.append_all(task_id, [transition], **kw)
+
+    def append_all(
         self,
         task_id: str,
-        transition: Transition,
+        transitions: list[Transition],
         *,
         expected_tip: str | None,
         lease_epoch: int,
@@ -140,35 +146,50 @@ class TaskLedger:
         files: dict[str, bytes | None] | None = None,
         body: str = "",
     ) -> str:
-        """Write one transition commit on `expected_tip`; returns the new tip."""
+        """Write a chain of transition commits on `expected_tip` and move the branch once,
+        by one CAS; returns the new tip. `git log` shows every transition as its own commit
+        with its trailers, but readers only ever see the branch before or after the whole
+        chain (issue 11: one ref write instead of one per commit). `tree`, `files` and
+        `body` apply to the first commit; the others keep its tree."""
         ref = self.ref_of(task_id)
         actual = self.store.get_ref(ref)
         if actual != expected_tip:
             raise CasConflict(ref, expected_tip, actual)
+        view: TaskView | None = None
         if expected_tip is not None:
             view = self._view_at(task_id, expected_tip)
             if lease_epoch < view.epoch:
                 raise StaleEpoch(task_id, lease_epoch, view.epoch)
-            if transition.epoch < view.epoch:
-                raise StaleEpoch(task_id, transition.epoch, view.epoch)
-            given = term_of(transition)
-            if given is not None:
-                seen = self.newest_term(expected_tip)
-                if given < seen:
-                    raise StaleTerm(task_id, given, seen)
             base = tree if tree is not None else self.store.read_commit(expected_tip).tree
         else:
             base = tree if tree is not None else EMPTY_TREE
         new_tree = self.store.tree_with(base, files) if files else base
-        message = trailers.build_message(
-            subject_for(task_id, transition),
-            [(core.T_TASK, task_id), *transition.to_trailers()],
-            body,
-        )
-        parents = [expected_tip] if expected_tip is not None else []
-        oid = self.store.create_commit(new_tree, parents, message, self.author, self._time)
-        self.store.cas_ref(ref, oid, expected_tip)
-        return oid
+        parent = expected_tip
+        seen_term: int | None = None
+        for i, transition in enumerate(transitions):
+            if view is not None and transition.epoch < view.epoch:
+                raise StaleEpoch(task_id, transition.epoch, view.epoch)
+            given = term_of(transition)
+            if given is not None and expected_tip is not None:
+                if seen_term is None:
+                    seen_term = self.newest_term(expected_tip)
+                if given < seen_term:
+                    raise StaleTerm(task_id, given, seen_term)
+            message = trailers.build_message(
+                subject_for(task_id, transition),
+                [(core.T_TASK, task_id), *transition.to_trailers()],
+                body if i == 0 else "",
+            )
+            parents = [parent] if parent is not None else []
+            oid = self.store.create_commit(new_tree, parents, message, self.author, self._time)
+            if view is not None:
+                view = core.apply(view, oid, transition)
+            parent = oid
+        assert parent is not None, "append_all needs at least one transition"
+        self.store.cas_ref(ref, parent, expected_tip)
+        if view is not None:
+            self._views[task_id] = view  # the next read of this tip needs no walk
+        return parent
 
     def claim(self, task_id: str, node: str, score_extra: dict[str, object] | None = None) -> Lease:
         """Place a queued (or unschedulable) task on `node` with a fresh epoch, by CAS."""

@@ -255,9 +255,10 @@ class SimAgent:
                         v = led.read(e.task_id)
                         spec = specmod.load_spec(led.spec_bytes(e.task_id) or b"")
                         tr, tip = taskcore.queue(v, spec.priority), v.tip
+                        led.append(e.task_id, tr, expected_tip=tip, lease_epoch=tr.epoch)
                     else:
-                        tr, tip = e.transition, e.expected_tip
-                    led.append(e.task_id, tr, expected_tip=tip, lease_epoch=tr.epoch)
+                        trs, tip = [e.transition, *e.then], e.expected_tip
+                        led.append_all(e.task_id, trs, expected_tip=tip, lease_epoch=trs[0].epoch)
                 except (CasConflict, StaleEpoch, taskcore.IllegalTransition):
                     self.kick(repo)
                     break
