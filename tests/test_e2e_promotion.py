@@ -240,20 +240,28 @@ def test_two_racing_promotions_are_queued_never_interleaved(cluster: dict[str, A
     ]
     for pr in procs:
         assert pr.wait(120) == 0
-    wait_for(lambda: settled(c, "race") and held(c, "race", "staging") == "v2", 90, "race settled")
+    # "newer" is the order the releases reached the owner (Kovanex-Born): with two pushes
+    # at once either may be the newer one, and that one must end up in both environments
+    wait_for(
+        lambda: settled(c, "race") and held(c, "race", "staging") == held(c, "race", "dev"),
+        90,
+        "race settled",
+    )
+    winner = held(c, "race", "dev")
+    loser = {"v1": "v2", "v2": "v1"}[winner or "v1"]
     for env_name in ("dev", "staging"):
         hist = log_of(c, "race", f"env/{env_name}")
-        assert hist[0]["Kovanex-Version"] == "v2"
+        assert hist[0]["Kovanex-Version"] == winner
         borns = [float(t["Kovanex-Born"]) for t in reversed(hist)]
         assert borns == sorted(borns)  # never an older release over a newer one
-        parents = git(
-            "log", "--format=%P", f"env/{env_name}", cwd=c["owner"].repo("race")
-        ).stdout.split("\n")
-        assert all(len(p.split()) <= 1 for p in parents)  # a line, never a merge
+        parents = git("log", "--format=%P", f"env/{env_name}", cwd=c["owner"].repo("race"))
+        assert all(len(p.split()) <= 1 for p in parents.stdout.split("\n"))  # a line
     dev = [t["Kovanex-Version"] for t in log_of(c, "race", "env/dev")]
-    if "v1" not in dev:  # v1 lost the race: that is recorded on its promotion
-        sup = [t for t in log_of(c, "race", "promotion/dev/v1") if "Kovanex-Superseded-By" in t]
-        assert sup and sup[0]["Kovanex-Superseded-By"] == "v2"
+    if loser not in dev:  # the older release lost the race: that is recorded on it
+        sup = [
+            t for t in log_of(c, "race", f"promotion/dev/{loser}") if "Kovanex-Superseded-By" in t
+        ]
+        assert sup and sup[0]["Kovanex-Superseded-By"] == winner
 
 
 ROLLBACK = """
