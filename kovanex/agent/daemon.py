@@ -44,6 +44,7 @@ from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
+from kovanex.ui.routes import UiRouter
 
 log = logging.getLogger("kovanex.agent")
 
@@ -117,7 +118,7 @@ class Agent:
         )
         self.token_sync = TokenSync(self.book, gossip)
         self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
-        self.http.router = self.api.router
+        self.http.router = UiRouter(self, self.api.router)  # /ui/ pages, then /v1
         self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.watcher: RefWatcher | None = None
