@@ -53,10 +53,13 @@ def table(head: list[str], rows: list[list[str]], *, tid: str = "", empty: str =
     return f"<table{t}><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def live(url: str, events: str, inner: str, *, tag: str = "section", eid: str = "") -> str:
+def live(
+    url: str, events: str, inner: str, *, tag: str = "section", eid: str = "", poll: str = "5s"
+) -> str:
     """A block that re-fetches itself (htmx) when one of `events` arrives on the SSE
-    connection in the layout, with a slow poll as the fallback if the stream drops."""
-    triggers = ", ".join(f"{e} from:body" for e in events.split(",")) + ", every 5s"
+    connection in the layout, and polls as well: a fallback if the stream drops, and the
+    only way to see states gossip announces to nobody (a member turning suspect)."""
+    triggers = ", ".join(f"{e} from:body" for e in events.split(",")) + f", every {poll}"
     i = f' id="{eid}"' if eid else ""
     return f'<{tag}{i} hx-get="{esc(url)}" hx-trigger="{triggers}">{inner}</{tag}>'
 

@@ -54,7 +54,11 @@ async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         tid="nodes",
     )
     scale = await scale_part(page)
-    whole = "<h1>Cluster</h1>" + live("/ui/?frag=1", "member,cluster", part, eid="cluster") + scale
+    whole = (
+        "<h1>Cluster</h1>"
+        + live("/ui/?frag=1", "member,cluster", part, eid="cluster", poll="1s")
+        + scale
+    )
     return answer(page, q, "Cluster", "cluster", part, whole)
 
 
