@@ -30,6 +30,16 @@ def _t(x: float, y: float, text: str, cls: str = "", size: int = 12) -> str:
     return f'<text x="{x:.0f}" y="{y:.0f}" font-size="{size}"{c}>{escape(text)}</text>'
 
 
+def _clip(box: tuple[float, float], toward: tuple[float, float]) -> tuple[float, float]:
+    """Where the line from this box's centre to the other box's centre leaves this box."""
+    cx, cy = box[0] + NODE_W / 2, box[1] + NODE_H / 2
+    dx, dy = toward[0] - box[0], toward[1] - box[1]
+    if dx == 0 and dy == 0:
+        return cx, cy
+    t = min((NODE_W / 2) / abs(dx) if dx else math.inf, (NODE_H / 2) / abs(dy) if dy else math.inf)
+    return cx + dx * t, cy + dy * t
+
+
 def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 4) -> str:
     """One box per node (fill = health, border = gossip state), env and replication edges.
 
@@ -55,13 +65,12 @@ def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 
         'markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#555"/></marker></defs>',
     ]
     for e in g.edges:
-        (x1, y1), (x2, y2) = pos[e.src], pos[e.dst]
+        (x1, y1), (x2, y2) = _clip(pos[e.src], pos[e.dst]), _clip(pos[e.dst], pos[e.src])
         dash = "" if e.kind == "env" else ' stroke-dasharray="5 4"'
         label = "promote" if e.kind == "env" else ", ".join(e.repos)
         out.append(
-            f'<g class="edge edge-{e.kind}"><line x1="{x1 + NODE_W / 2:.0f}" '
-            f'y1="{y1 + NODE_H / 2:.0f}" x2="{x2 + NODE_W / 2:.0f}" y2="{y2 + NODE_H / 2:.0f}" '
-            f'stroke="#555"{dash} marker-end="url(#arr)"/>'
+            f'<g class="edge edge-{e.kind}"><line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" '
+            f'y2="{y2:.0f}" stroke="#555" stroke-width="2"{dash} marker-end="url(#arr)"/>'
             f"<title>{escape(e.kind)} {escape(e.src)} → {escape(e.dst)}: {escape(label)}</title>"
             "</g>"
         )
