@@ -16,6 +16,7 @@ BENCHES = [
     ["bench.token_bench", "--pushes", "60"],
     ["bench.unit_bench", "--runs", "200"],
     ["bench.server_place", "--places", "2000", "--nodes", "100"],
+    ["bench.api_bench", "--requests", "300", "--seconds", "3", "--events", "30"],
     ["bench.ui_bench", "--runs", "20"],
 ]
 

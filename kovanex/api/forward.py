@@ -1,4 +1,5 @@
 """Writes go to the node that decides them; any node takes them (part 2 of issue 14).
+A read of a repo this node holds no copy of goes to its owner the same way.
 
 A task or replication write is decided by the repo's owner, a drain or cordon by the
 named node. When that is another node, the request is replayed there with the caller's
@@ -25,12 +26,15 @@ NODE_OPS = ("DrainNode", "CordonNode")
 
 
 def decider(a: Agent, call: Call) -> str | None:
-    """The node that decides this write; None when this node does (or nobody is known)."""
+    """Who answers: for a write, the node that decides it; for a read of a repo this node
+    holds no copy of, its owner. None: this node answers (or nobody else is known)."""
     if call.op.op_id in NODE_OPS:
         return call.params["name"]
-    repo = call.params.get("repo") or call.body.get("repo")
+    repo = call.params.get("repo") or call.body.get("repo") or call.query.get("repo")
     if not isinstance(repo, str):
         return None
+    if not call.op.write and repo in a.repos.all():
+        return None  # a read this node's git answers
     owner = a.replicas.owner_of(repo)
     return None if owner is None else owner[0]
 
@@ -79,8 +83,9 @@ class Forwarder:
         if "authorization" in call.headers:
             headers["Authorization"] = call.headers["authorization"]
         body = call.body if call.raw_body.strip() else None
+        query = {k: v for k, v in call.query.items() if k not in ("index", "wait")} or None
         try:
-            return c.request(call.op.method, path, body, None, headers)
+            return c.request(call.op.method, path, body, query, headers)
         except ClientError as e:
             raise ApiError(502, f"forwarding to {base} failed: {e}", code="bad_gateway") from e
         finally:

@@ -191,7 +191,7 @@ class ApiRouter:
         self._permit(call)
         if route.op.blocking and "index" in call.query:
             await self.hub.wait_past(call.query["index"], _wait(call.query.get("wait")))
-        if route.op.write and self.forward is not None:
+        if self.forward is not None:
             fwd = await self.forward(call)
             if fwd is not None:
                 return fwd

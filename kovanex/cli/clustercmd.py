@@ -9,6 +9,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex.agent import control
+from kovanex.cli.apicmd import api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 
 
@@ -60,7 +61,7 @@ def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     want = cfgmod.parse_labels(args.label)
     rows = [
         m
-        for m in _call(layout, "members")
+        for m in api_call(layout, "ListNodes")["nodes"]
         if (not args.status or m["status"] == args.status)
         and all(m["labels"].get(k) == v for k, v in want.items())
     ]
@@ -88,13 +89,13 @@ def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_join(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    res = _call(layout, "join", addrs=args.addrs)
+    res = api_call(layout, "JoinCluster", {"addrs": args.addrs})
     print(f"joined: {res['joined']} of {len(args.addrs)} address(es) answered")
     return 0
 
 
 def cmd_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    _call(layout, "leave")
+    api_call(layout, "LeaveCluster")
     deadline = time.monotonic() + 15
     while layout.control_socket.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -103,7 +104,7 @@ def cmd_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_force_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    _call(layout, "force-leave", name=args.name)
+    api_call(layout, "RemoveNode", name=args.name)
     print(f"{args.name} is marked left")
     return 0
 

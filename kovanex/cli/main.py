@@ -9,6 +9,7 @@ import sys
 from kovanex import __version__
 from kovanex import config as cfgmod
 from kovanex.cli import (
+    apicmd,
     clustercmd,
     nodecmd,
     repocmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         schedcmd,
         unitcmd,
         tokencmd,
+        apicmd,
     ):
         mod.register(sub)
     return p

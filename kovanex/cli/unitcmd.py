@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kovanex import config as cfgmod
-from kovanex.agent import control
+from kovanex.cli.apicmd import api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.runner import units as unitsmod
 
@@ -24,8 +24,8 @@ def cmd_units(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         raise CliError(str(e)) from e
     busy: dict[int, str] = {}
     try:  # the current task is only known to a running agent
-        busy = {u["index"]: u["task"] for u in control.call(layout.control_socket, "units")}
-    except (control.ControlError, OSError):
+        busy = {u["index"]: u["task"] for u in api_call(layout, "ListUnits")["units"]}
+    except CliError:
         pass
     rows = [
         {
