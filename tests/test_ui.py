@@ -175,3 +175,14 @@ def test_templates_ship_in_the_package() -> None:
     root = Path(str(resources.files("kovanex.ui")))
     assert (root / "templates" / "layout.html").is_file()
     assert "hx-sse:connect" in (root / "templates" / "layout.html").read_text()
+
+
+def test_coordination_line_shows_leader_term_and_quorum_when_on() -> None:
+    from kovanex.ui.views import coordination_line
+
+    nats = {"backend": "nats", "leader": "u2", "term": 7, "quorum": True}
+    line = coordination_line(nats)
+    assert "leader <b>u2</b>" in line and "term 7" in line and "quorum yes" in line
+    waiting = coordination_line({**nats, "leader": None, "quorum": False, "waiting": "2 of 3"})
+    assert "leader <b>none</b>" in waiting and "quorum no" in waiting and "2 of 3" in waiting
+    assert coordination_line({"backend": "gossip", "leader": None, "term": 0}) == ""

@@ -48,10 +48,14 @@ async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
             f'{n.get("runners_used", 0)}/{n.get("runners_total", 0)}',
             "cordoned" if n.get("cordoned") else "",
         ])  # fmt: skip
-    part = cluster_svg(nodes, page.node) + table(
-        ["node", "role", "gossip", "health", "labels", "owns", "units busy", ""],
-        rows,
-        tid="nodes",
+    part = (
+        coordination(page)
+        + cluster_svg(nodes, page.node)
+        + table(
+            ["node", "role", "gossip", "health", "labels", "owns", "units busy", ""],
+            rows,
+            tid="nodes",
+        )
     )
     scale = await scale_part(page)
     whole = (
@@ -60,6 +64,28 @@ async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         + scale
     )
     return answer(page, q, "Cluster", "cluster", part, whole)
+
+
+def coordination(page: Page) -> str:
+    """Leader, term and quorum when coordination is on (the agent's `coord` service, where
+    this build has one); nothing on the gossip-only backend, which has no leader."""
+    coord = getattr(page.a, "coord", None)
+    if coord is None or not page.who.may("read"):
+        return ""
+    return coordination_line(coord.summary())
+
+
+def coordination_line(s: dict[str, Any]) -> str:
+    """The line for a `Coordination.summary()` (h-i12a's shape); none for gossip."""
+    if s.get("backend") in (None, "gossip"):
+        return ""
+    quorum = {True: "yes", False: "no"}.get(s.get("quorum"), s.get("quorum"))
+    wait = f" · {esc(s['waiting'])}" if s.get("waiting") else ""
+    return (
+        f'<p id="coordination">coordination {esc(s.get("backend"))}: leader '
+        f"<b>{esc(s.get('leader') or 'none')}</b> · term {esc(s.get('term'))} · "
+        f"quorum {esc(quorum)}{wait}</p>"
+    )
 
 
 async def scale_part(page: Page) -> str:
