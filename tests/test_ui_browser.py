@@ -66,6 +66,10 @@ def text(drv: Any, css: str) -> str:
     return " ".join(e.text for e in drv.find_elements(*by(css)))
 
 
+COUNT_TASK_EVENTS = """window.__kx_task_events = 0;
+document.body.addEventListener('task', () => { window.__kx_task_events += 1; });"""
+
+
 def mark_page(drv: Any) -> None:
     """A flag in the window: still there later means the page was never reloaded."""
     drv.execute_script("window.__kx_no_reload = 1")
@@ -113,6 +117,8 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     assert "Node u1" in drv.find_element(*by("h1")).text
     assert drv.find_elements(*by("button#cordon")) and drv.find_elements(*by("button#drain"))
     drv.save_screenshot(str(shots / "node.png"))
+    drv.get(cluster["base"] + "/ui/nodes/u2")  # another node: its units, asked of u2 itself
+    assert "idle" in text(drv, "#units tbody") and "did not answer" not in drv.page_source
 
 
 def test_health_view_has_a_heatmap_and_score_per_node(
@@ -153,10 +159,15 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
         u1, "web", cluster["root"] / "work", "long",
         '[[steps]]\nname = "wait"\nrun = "echo started; sleep 120"\n',
     )  # fmt: skip
-    git("push", "-q", "origin", "task/long", cwd=dest)
-
     drv.get(cluster["base"] + "/ui/tasks")
+    assert "long" not in text(drv, "#tasks")
+    mark_page(drv)
+    drv.execute_script(COUNT_TASK_EVENTS)
+    git("push", "-q", "origin", "task/long", cwd=dest)
     wait_for(lambda: "long" in text(drv, "#tasks"), 30, "the task to show up live in the list")
+    assert not_reloaded(drv)
+    wait_for(lambda: drv.execute_script("return window.__kx_task_events") > 0, 10,
+             "task events from /v1/events reaching the page")  # fmt: skip
     drv.save_screenshot(str(shots / "tasks.png"))
 
     drv.get(cluster["base"] + "/ui/tasks/web/long")

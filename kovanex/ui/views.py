@@ -12,6 +12,8 @@ import re
 import subprocess
 from typing import Any
 
+from kovanex.client import ApiError as ClientError
+from kovanex.client import Client
 from kovanex.net.http11 import HttpResponse
 from kovanex.ui import taskviews
 from kovanex.ui.page import Page, UiError, esc, live, table
@@ -19,6 +21,7 @@ from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
 
 HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
 Query = dict[str, str]
+REMOTE_TIMEOUT_S = 3.0
 
 
 def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str) -> HttpResponse:
@@ -109,8 +112,8 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         [[esc(k), status_cell(str(v)) if k == "status" else esc(v)] for k, v in sorted(n.items())],
         tid="node-facts",
     )
-    if name == page.node:
-        units = (await page.api.call("GET", "/v1/units"))["units"]
+    units = await node_units(page, name, n.get("http") or "")
+    if units is not None:
         rows = [
             [esc(u["index"]), esc(u.get("user")), "busy" if u["task"] != "-" else "idle",
              taskviews.task_link(u["task"])]
@@ -121,7 +124,9 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     else:
         http = n.get("http") or ""
         link = f'<a href="{esc(http)}/ui/nodes/{esc(name)}">{esc(http)}</a>' if http else "-"
-        unit_html = f"<p>Its compute units are listed by {esc(name)} itself: {link}</p>"
+        unit_html = (
+            f"<p>{esc(name)} did not answer for its compute units; its own dashboard: {link}</p>"  # noqa: E501
+        )
     cordoned = bool(n.get("cordoned"))
     actions = page.button(
         f"/ui/nodes/{name}/cordon", "Uncordon" if cordoned else "Cordon",
@@ -136,6 +141,27 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         f"/ui/nodes/{name}?frag=1", "member,task", part, eid="node"
     )
     return answer(page, q, f"Node {name}", "cluster", part, whole)
+
+
+async def node_units(page: Page, name: str, http: str) -> list[dict[str, Any]] | None:
+    """A node's units: ours from the router in-process, another's from its own listener
+    (ListUnits is local to each node), with this session's token; None if it is gone."""
+    if name == page.node:
+        return (await page.api.call("GET", "/v1/units"))["units"]
+    if not http.startswith("http://"):
+        return None
+
+    def ask() -> Any:
+        c = Client(http, page.api.token, REMOTE_TIMEOUT_S, from_env=False)
+        try:
+            return c.call("ListUnits")["units"]
+        finally:
+            c.close()
+
+    try:
+        return await asyncio.to_thread(ask)
+    except (OSError, ClientError, ValueError, KeyError):
+        return None
 
 
 async def node_action(page: Page, m: re.Match[str], form: Query) -> str:
