@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
-from tests.agentkit import Node
+from tests.agentkit import Node, git
 from tests.uikit import admin_token, http_port, login_cookie, request
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -186,3 +186,27 @@ def test_coordination_line_shows_leader_term_and_quorum_when_on() -> None:
     waiting = coordination_line({**nats, "leader": None, "quorum": False, "waiting": "2 of 3"})
     assert "leader <b>none</b>" in waiting and "quorum no" in waiting and "2 of 3" in waiting
     assert coordination_line({"backend": "gossip", "leader": None, "term": 0}) == ""
+
+
+def test_environments_list_the_env_branches_of_the_repos_here(agent: dict[str, Any]) -> None:
+    n = agent["node"]
+    n.kx("repo", "create", "shop")
+    g = n.repo("shop")
+    tree = git("mktree", cwd=g, input="").stdout.strip()
+    ident = ("-c", "user.name=rel", "-c", "user.email=rel@example.invalid")
+    commit = git(*ident, "commit-tree", tree, "-m", "release v7 to prod", cwd=g).stdout.strip()
+    git("update-ref", "refs/heads/env/prod", commit, cwd=g)
+    cookie = login_cookie(agent["port"], agent["admin"])
+    status, _, page = request(agent["port"], "GET", "/ui/envs", headers={"Cookie": cookie})
+    assert status == 200
+    row = re.search(rb'<table id="releases">.*?</table>', page, re.S)
+    assert row and b"env/prod" in row.group(0) and b"release v7 to prod" in row.group(0)
+    assert b'action="/ui/envs/shop/prod/rollback"' in page
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(
+        agent["port"], "POST", "/ui/envs/shop/prod/rollback", f"csrf={csrf_of(page)}", hdr
+    )
+    assert b"RollbackEnvironment is not served by this agent" in body
+    reader = login_cookie(agent["port"], agent["reader"])
+    _, _, page = request(agent["port"], "GET", "/ui/envs", headers={"Cookie": reader})
+    assert b"env/prod" in page and b"/rollback" not in page  # read scope: no button

@@ -132,7 +132,7 @@ class UiRouter:
         page = Page(self.a, Api(self.api, token), who, self.csrf(token), req)
         if req.method == "POST":
             form = _form(req)
-            if not hmac.compare_digest(form.get("csrf", ""), page.csrf):
+            if not hmac.compare_digest(form.get("csrf", "").encode(), page.csrf.encode()):
                 return _html(403, flash("missing or wrong CSRF token", error=True))
             if path == "/ui/logout":
                 return _redirect("/ui/login", cookie=f"{SESSION_COOKIE}=; Path=/; Max-Age=0")

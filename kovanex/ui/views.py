@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 from typing import Any
 
 from kovanex.client import ApiError as ClientError
 from kovanex.client import Client
+from kovanex.gitstate import gitcli
 from kovanex.net.http11 import HttpResponse
 from kovanex.ui import taskviews
 from kovanex.ui.page import Page, UiError, esc, live, table
@@ -202,13 +202,14 @@ async def health(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
 
 
 # -- environments --------------------------------------------------------------------------
-def _env_refs(git_dir: str) -> list[tuple[str, str, str]]:
-    out = subprocess.run(
-        ["git", "--git-dir", git_dir, "for-each-ref", "--format=%(refname:short)\t%(objectname:short)\t%(contents:subject)",  # noqa: E501
-         "refs/heads/env/", "refs/heads/promotion/"],
-        capture_output=True, text=True, check=False,
-    ).stdout  # fmt: skip
-    return [tuple(line.split("\t", 2)) for line in out.splitlines() if line.count("\t") == 2]  # type: ignore[misc]
+async def _env_refs(git_dir: str) -> list[tuple[str, str, str]]:
+    fmt = "%(refname:short)%09%(objectname:short)%09%(contents:subject)"
+    res = await gitcli.run_async(
+        ["for-each-ref", f"--format={fmt}", "refs/heads/env/", "refs/heads/promotion/"],
+        git_dir=git_dir, timeout=gitcli.LOCAL_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    rows = [line.split("\t", 2) for line in res.stdout.splitlines()]
+    return [(r[0], r[1], r[2]) for r in rows if len(r) == 3]
 
 
 async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
@@ -226,7 +227,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         if not page.who.may("read", repo):
             continue
         git_dir = str(page.a.repos.path(repo))
-        refs = await asyncio.to_thread(_env_refs, git_dir)
+        refs = await _env_refs(git_dir)
         for ref, oid, subject in refs:
             env = ref.split("/", 2)[1] if ref.startswith("env/") else ""
             acts = (
