@@ -94,8 +94,8 @@ def coordination_line(s: dict[str, Any]) -> str:
 async def scale_part(page: Page) -> str:
     try:
         d = await page.api.call("GET", "/v1/scale/decision")
-    except UiError:
-        return ""  # no autoscaler on this agent: nothing to show or apply
+    except UiError as e:  # no autoscaler on this agent (503), or no read scope
+        return f'<h2>Scale</h2><p id="scale" class="empty">{esc(e)}</p>'
     rec = d.get("recommendation")
     btn = page.button(
         "/ui/scale/apply", "Apply scale decision", f"Run the scale executor with {rec}?",
