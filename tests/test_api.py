@@ -205,3 +205,14 @@ def test_cordon_keeps_new_tasks_off_the_node(node: Node, tmp_path: Path) -> None
     assert not c.call("GetTaskPlacement", repo="demo", task="t3")["placements"]
     c.call("DrainNode", {"enable": False}, name="api-n1")
     wait_for(lambda: c.call("GetTask", repo="demo", task="t3")["state"] == "succeeded", 30)
+
+
+def test_kovanex_api_cli_calls_any_operation(node: Node) -> None:
+    out = json.loads(node.kx("api", "GetNode", '{"name": "api-n1"}').stdout)
+    assert out["name"] == "api-n1" and out["status"] == "alive"
+    bad = node.kx("api", "GetNode", '{"name": "nobody"}', check=False)
+    assert bad.returncode == 1 and "404 not_found" in bad.stderr and "path.name" in bad.stderr
+    assert "no operation" in node.kx("api", "Nope", check=False).stderr
+    # the CLI verbs that need a live agent go through the same client
+    members = json.loads(node.kx("members", "--format", "json").stdout)
+    assert [m["name"] for m in members] == ["api-n1"]

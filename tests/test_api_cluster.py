@@ -33,6 +33,11 @@ def test_any_node_answers_reads_and_forwards_writes_to_the_owner(tmp_path: Path)
             return {n["name"] for n in c.call("ListNodes")["nodes"] if n["status"] == "alive"}
 
         wait_for(lambda: alive(cb) == {"api-a", "api-b"}, 30, "both nodes in b's view")
+        # a's event stream replays b's arrival (member topic) from the start
+        stream = ca.events(topics=["member"], since=0)
+        joined = next(e for e in stream if e["data"].get("member") == "api-b")
+        stream.close()
+        assert joined["event"] == "member" and joined["data"]["kind"] == "member-join"
         user = ca.call("CreateToken", {"name": "ci", "scope": "push"})["token"]
         # the token reaches b by gossip; b checks it, and so does a when b forwards
         wait_for(lambda: any(t["name"] == "ci" for t in cb.call("ListTokens")["tokens"]), 30)

@@ -324,3 +324,40 @@ def test_git_protocol_header_selects_v2(repos: Path, srv: ServerThread, tmp_path
         assert resp.status == 200
     assert b"version 2" in bodies["version=2"]
     assert b"version 2" not in bodies[None]
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(repos: Path) -> None:
+    async def api(method, path, headers, body):  # noqa: ANN001, ANN202
+        return 200, {"Content-Type": "text/plain"}, path.encode()
+
+    s = ServerThread(repos, api=api)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.server.port, timeout=10)
+        bodies = []
+        for i in range(3):
+            conn.request("GET", f"/api/{i}", headers={"Authorization": f"Bearer {TOKEN}"})
+            resp = conn.getresponse()
+            bodies.append(resp.read())
+            assert resp.getheader("Connection") != "close"
+        sock = conn.sock
+        conn.request("GET", "/api/3", headers={"Authorization": f"Bearer {TOKEN}"})
+        bodies.append(conn.getresponse().read())
+        assert conn.sock is sock  # still the first connection
+        conn.close()
+    finally:
+        s.close()
+    assert bodies == [b"/api/0", b"/api/1", b"/api/2", b"/api/3"]
+
+
+def test_malformed_request_is_a_json_400(repos: Path, srv: ServerThread) -> None:
+    import json
+    import socket
+
+    with socket.create_connection(("127.0.0.1", srv.server.port), timeout=10) as sk:
+        sk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n")
+        data = b""
+        while chunk := sk.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert set(json.loads(body)) == {"code", "message", "field"}

@@ -73,6 +73,8 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("kovanex.agent", ("kovanex.cli",)),
+    # The API client runs in other programs: the operation table, never the agent or CLI.
+    ("kovanex.client", (*_UPPER, "kovanex.api.router", "kovanex.api.service")),
     # Shared top-level modules sit below the agent and the CLI: both import them.
     *(
         (f"kovanex.{m}", _UPPER)
