@@ -1,6 +1,7 @@
 """Issue 15 in a real browser: Debian's headless Chromium against a live 3-node loopback
-cluster (u1 dev, u2 staging, u3 prod). One cluster and one browser for the module; the
-node kill runs last. A PNG of each view goes to the test's tmp dir."""
+cluster (wu1 dev, wu2 staging, wu3 prod: names no other test uses, as a host-wide units
+lock keys on them). One cluster and one browser for the module; the node kill runs last.
+A PNG of each view goes to the test's tmp dir."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
 ]
-NAMES = ("u1", "u2", "u3")
+NAMES = ("wu1", "wu2", "wu3")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_no_session_gets_the_login_page_and_no_data(cluster: dict[str, Any], sho
         d.get(cluster["base"] + "/ui/")
         assert d.find_elements(*by("form[action='/ui/login'] input[name=token]"))
         src = d.page_source
-        assert "u2" not in src and "u3" not in src and "cluster-graph" not in src
+        assert "wu2" not in src and "wu3" not in src and "cluster-graph" not in src
         d.save_screenshot(str(shots / "login.png"))
         d.get(cluster["base"] + "/v1/events")  # the stream needs the cookie too
         assert "unauthorized" in d.page_source
@@ -112,12 +113,12 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     assert all(n in rows for n in NAMES)
     drv.save_screenshot(str(shots / "cluster.png"))
 
-    drv.find_element(*by("svg a.node[data-node=u1]")).click()
-    wait_for(lambda: drv.find_elements(*by("#units")), 10, "u1's node page")
-    assert "Node u1" in drv.find_element(*by("h1")).text
+    drv.find_element(*by("svg a.node[data-node=wu1]")).click()
+    wait_for(lambda: drv.find_elements(*by("#units")), 10, "wu1's node page")
+    assert "Node wu1" in drv.find_element(*by("h1")).text
     assert drv.find_elements(*by("button#cordon")) and drv.find_elements(*by("button#drain"))
     drv.save_screenshot(str(shots / "node.png"))
-    drv.get(cluster["base"] + "/ui/nodes/u2")  # another node: its units, asked of u2 itself
+    drv.get(cluster["base"] + "/ui/nodes/wu2")  # another node: its units, asked of wu2 itself
     assert "idle" in text(drv, "#units tbody") and "did not answer" not in drv.page_source
 
 
@@ -133,7 +134,7 @@ def test_health_view_has_a_heatmap_and_score_per_node(
         30,
         "a health report from every node",
     )
-    local = drv.find_element(*by("article.health[data-node=u1]"))
+    local = drv.find_element(*by("article.health[data-node=wu1]"))
     cells = local.find_elements(*by("svg.heatmap rect"))
     rows = local.find_elements(*by("svg.heatmap text.metric"))
     assert len(rows) >= 2 and len(cells) >= len(rows)  # metric × time
@@ -154,9 +155,9 @@ def test_environments_view_shows_the_promotion_path(
 def test_cancel_a_running_task_and_see_it_change_without_reload(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
-    u1 = cluster["nodes"][0]
+    wu1 = cluster["nodes"][0]
     dest = clone_with_task(
-        u1, "web", cluster["root"] / "work", "long",
+        wu1, "web", cluster["root"] / "work", "long",
         '[[steps]]\nname = "wait"\nrun = "echo started; sleep 120"\n',
     )  # fmt: skip
     drv.get(cluster["base"] + "/ui/tasks")
@@ -204,10 +205,10 @@ def test_kill_a_node_and_see_it_turn_suspect_then_dead(
     drv.get(cluster["base"] + "/ui/")
 
     def status() -> str | None:
-        els = drv.find_elements(*by("svg a.node[data-node=u3]"))
+        els = drv.find_elements(*by("svg a.node[data-node=wu3]"))
         return els[0].get_attribute("data-status") if els else None
 
-    wait_for(lambda: status() == "alive", 10, "u3 alive on the graph")
+    wait_for(lambda: status() == "alive", 10, "wu3 alive on the graph")
     mark_page(drv)
     seen: list[str] = []
 
@@ -218,9 +219,9 @@ def test_kill_a_node_and_see_it_turn_suspect_then_dead(
         return s == want
 
     cluster["nodes"][2].kill9()
-    wait_for(lambda: watch("suspect"), 30, "u3 suspect on the graph")
+    wait_for(lambda: watch("suspect"), 30, "wu3 suspect on the graph")
     drv.save_screenshot(str(shots / "cluster-suspect.png"))
-    wait_for(lambda: watch("dead"), 60, "u3 dead on the graph")
+    wait_for(lambda: watch("dead"), 60, "wu3 dead on the graph")
     drv.save_screenshot(str(shots / "cluster-dead.png"))
     assert seen == ["alive", "suspect", "dead"], seen
     assert not_reloaded(drv)
