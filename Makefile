@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench bench-peers wheel clean
+.PHONY: demo test lint fmt bench bench-peers wheel clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,9 +13,21 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m kovanex.demo
+	KEEP=$(KEEP) $(BIN)/python -m kovanex.demo
 
-test: $(STAMP)
+# The dashboard tests (tests/test_ui_browser.py) drive Debian's chromium through
+# chromedriver. Install both when we can (root with apt); otherwise those tests skip and
+# say why. Never fails the build: no browser is a skip, not an error.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium and chromium-driver for the dashboard tests"; \
+	  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
+	  echo "could not install chromium: the browser tests will skip"; \
+	else echo "no chromium and not root with apt: the browser tests will skip"; fi
+
+test: $(STAMP) browser
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
 	$(BIN)/python -m pytest -q -x --durations=15

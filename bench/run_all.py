@@ -19,6 +19,7 @@ BENCHES = [
     ["bench.api_bench", "--requests", "300", "--seconds", "3", "--events", "30"],
     ["bench.promotion_bench", "--releases", "6"],
     ["bench.scale_bench", "--sizes", "0,1000,10000", "--pushes", "12"],
+    ["bench.ui_bench", "--runs", "20"],
 ]  # bench.peer_bench needs the `bench` extra and redis-server: `make bench-peers`
 
 

@@ -107,6 +107,23 @@ def single_node(tmp: Path) -> None:
     os.chdir(tmp)
 
 
+def keep_up(n1: Path) -> None:
+    """`make demo KEEP=1`: leave the cluster running and show where its dashboard is."""
+    from kovanex import config as cfgmod
+
+    host, port = cfgmod.parse_addr(cfgmod.load(cfgmod.Layout(n1)).http_bind, 0)
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    token = kx("token", "create", "dashboard", "--scope", "admin", data=n1, quiet=True)
+    say("13. the dashboard (issue 15): open it, log in with the token, Ctrl-C to stop")
+    print(f"   URL:   http://{host}:{port}/ui/", flush=True)
+    print(f"   token: {token.strip().splitlines()[-1]}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print(flush=True)
+
+
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kovanex-demo-"))
     os.environ.update(GIT_ENV)
@@ -125,6 +142,8 @@ def main() -> int:
         from kovanex import demo_promote
 
         demo_promote.run_story(tmp, nodes)
+        if os.environ.get("KEEP", "") not in ("", "0"):
+            keep_up(tmp / "n1")
         say("done: everything above lives in git; cleaning up " + str(tmp))
         return 0
     finally:

@@ -108,6 +108,9 @@ def test_wheel_installed_outside_the_checkout_runs_a_task(tmp_path: Path) -> Non
         "templates/deploy/kovanex-agent.service",
     ):
         assert f"kovanex/_data/{shipped}" in names, names
+    for ui in ("ui/templates/layout.html", "ui/templates/login.html", "ui/static/htmx.min.js",
+               "ui/static/hx-sse.min.js", "ui/static/ui.css", "ui/static/VENDORED.md"):  # fmt: skip
+        assert f"kovanex/{ui}" in names, f"the dashboard's {ui} is not in the wheel"
 
     venv = tmp_path / "venv"
     make_venv(venv, whl)

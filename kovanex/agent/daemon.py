@@ -51,6 +51,7 @@ from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
+from kovanex.ui.routes import UiRouter
 
 log = logging.getLogger("kovanex.agent")
 GIT_CACHE_BYTES = 16 * 2**20
@@ -132,7 +133,7 @@ class Agent:
         self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
         self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
-        self.http.router = self.api.router
+        self.http.router = UiRouter(self, self.api.router)  # /ui/ pages, then /v1
         self.scaling = ScalingService(
             ctx,
             pending=lambda: len(self.scheduler.pending),

@@ -1,0 +1,184 @@
+"""Tasks: the filterable live list, a task's timeline and logs, cancel and retry.
+
+The timeline is the task branch itself: one row per commit, its transition read from the
+trailers (the ledger's own parser), newest first, each placement with the scorer's
+breakdown and runners-up as the placing node wrote them (Score-Breakdown, Runners-Up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from kovanex.gitstate import trailers
+from kovanex.gitstate.ledger import transition_of
+from kovanex.net.http11 import HttpResponse
+from kovanex.runner.logs import read_capped
+from kovanex.ui.page import Page, UiError, esc, live, table
+
+HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
+LOG_CAP = 64 * 1024  # a page shows the head and tail; the node keeps the whole log
+ACTIVE = ("placed", "running", "queued", "pending")
+
+
+def task_link(ref: str) -> str:
+    """`repo/task` (the units table's form) as a link; '-' stays plain."""
+    if "/" not in ref:
+        return esc(ref)
+    return f'<a href="/ui/tasks/{esc(ref)}">{esc(ref)}</a>'
+
+
+def state_cell(state: str) -> str:
+    return f'<span class="state state-{esc(state)}" data-state="{esc(state)}">{esc(state)}</span>'
+
+
+def _frag(page: Page, q: dict[str, str], title: str, part: str, whole: str) -> HttpResponse:
+    body = part if q.get("frag") else page.layout(title, whole, "tasks")
+    return HttpResponse(200, HTML, body.encode())
+
+
+# -- list ----------------------------------------------------------------------------------
+async def tasks(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpResponse:
+    filt = {k: q[k] for k in ("repo", "state") if q.get(k)}
+    doc = await page.api.call("GET", "/v1/tasks" + ("?" + urlencode(filt) if filt else ""))
+    text = q.get("q", "").lower()
+    rows = [
+        [f'<a href="/ui/tasks/{esc(t["repo"])}/{esc(t["id"])}">{esc(t["id"])}</a>',
+         esc(t["repo"]), state_cell(t["state"]), esc(t.get("node") or "-"),
+         esc(t.get("epoch")), esc(t.get("reason") or "")]
+        for t in doc["tasks"]
+        if not text or text in t["id"].lower()
+    ]  # fmt: skip
+    part = table(["task", "repo", "state", "node", "epoch", "reason"], rows, tid="tasks",
+                 empty="no tasks match")  # fmt: skip
+    repos = sorted(
+        {t["repo"] for t in doc["tasks"]} | ({filt["repo"]} if "repo" in filt else set())
+    )
+    opts = "".join(
+        f"<option{' selected' if r == q.get('repo') else ''}>{esc(r)}</option>" for r in repos
+    )
+    states = ("queued", "placed", "running", "done", "failed", "cancelled")
+    sopts = "".join(
+        f"<option{' selected' if s == q.get('state') else ''}>{s}</option>" for s in states
+    )
+    form = (
+        '<form id="filter" method="get" action="/ui/tasks">'
+        f'<label>repo <select name="repo"><option value="">all</option>{opts}</select></label> '
+        f'<label>state <select name="state"><option value="">all</option>{sopts}</select></label> '
+        f'<label>id <input name="q" value="{esc(q.get("q", ""))}"></label> <button>Filter</button></form>'  # noqa: E501
+    )
+    url = "/ui/tasks?" + urlencode({**filt, **({"q": q["q"]} if q.get("q") else {}), "frag": 1})
+    whole = "<h1>Tasks</h1>" + form + live(url, "task", part, eid="task-list")
+    return _frag(page, q, "Tasks", part, whole)
+
+
+# -- detail --------------------------------------------------------------------------------
+def timeline(page: Page, repo: str, task: str) -> list[dict[str, Any]]:
+    """Every commit of the task branch, newest first, as the ledger reads its trailers."""
+    led = page.a.repos.ledger(repo)
+    tip = led.tip(task)
+    rows = []
+    for c in led.store.walk(tip) if tip else []:
+        tr = transition_of(c.message)
+        rows.append(
+            {"oid": c.oid, "time": c.time, "subject": trailers.subject(c.message), "tr": tr}
+        )
+    return rows
+
+
+def _placement(extra: dict[str, str]) -> str:
+    bd = extra.get("Score-Breakdown", "")
+    ru = extra.get("Runners-Up", "")
+    why = extra.get("Placed-By", "")
+    out = f"<div>score: <code>{esc(bd) or '-'}</code></div>" if bd else ""
+    out += f"<div>runners-up: <code>{esc(ru)}</code></div>" if ru else ""
+    return out + (f"<div>placed by {esc(why)}</div>" if why else "")
+
+
+async def task_detail(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpResponse:
+    repo, task = m.group("repo"), m.group("task")
+    d = await page.api.call("GET", f"/v1/tasks/{repo}/{task}")  # the read scope check
+    rows = []
+    if repo in page.a.repos.all():
+        for r in await asyncio.to_thread(timeline, page, repo, task):
+            tr = r["tr"]
+            when = time.strftime("%H:%M:%S", time.gmtime(r["time"]))
+            if tr is None:
+                rows.append([esc(when), "created", "", "", esc(r["subject"]), ""])
+                continue
+            step = f"{tr.step + 1} {tr.step_name} {tr.result}" if tr.step is not None else ""
+            rows.append([esc(when), state_cell(tr.state), esc(tr.node), esc(tr.epoch),
+                         esc(step or tr.reason or r["subject"]), _placement(tr.extra)])  # fmt: skip
+    steps = [
+        [esc(s["index"]), esc(s["name"]), state_cell(s["state"]), esc(s.get("exit_code", "")),
+         f'<a href="/ui/tasks/{esc(repo)}/{esc(task)}/log/{s["index"]}">log</a>']
+        for s in d.get("steps", [])
+    ]  # fmt: skip
+    part = (
+        f'<p>state {state_cell(d["state"])} on <b id="task-node">{esc(d.get("node") or "-")}</b> '
+        f'epoch {esc(d.get("epoch"))} attempt {esc(d.get("attempt"))} '
+        f'{esc(d.get("reason") or "")}</p>'
+        + "<h2>Steps</h2>" + table(["#", "step", "state", "exit", ""], steps, tid="steps")
+        + "<h2>Timeline</h2>"
+        + table(["time (UTC)", "state", "node", "epoch", "what", "placement"], rows,
+                tid="timeline", empty="the branch lives on another node")
+    )  # fmt: skip
+    acts = page.button(
+        f"/ui/tasks/{repo}/{task}/cancel", "Cancel", f"Cancel task {task}?", scope="push",
+        repo=repo, bid="cancel",
+    ) + page.button(
+        f"/ui/tasks/{repo}/{task}/retry", "Retry", f"Retry task {task}?", scope="push",
+        repo=repo, bid="retry",
+    )  # fmt: skip
+    logs = "".join(_log_block(repo, task, s["index"], s["state"]) for s in d.get("steps", []))
+    whole = (
+        f"<h1>Task {esc(repo)}/{esc(task)}</h1><p>{acts}</p>"
+        + live(f"/ui/tasks/{repo}/{task}?frag=1", "task", part, eid="task")
+        + "<h2>Logs</h2>" + logs
+    )  # fmt: skip
+    return _frag(page, q, f"Task {task}", part, whole)
+
+
+def _log_block(repo: str, task: str, index: int, state: str) -> str:
+    url = f"/ui/tasks/{repo}/{task}/log/{index}?frag=1"
+    trig = "load, every 1s" if state in ACTIVE else "load"
+    return (
+        f'<h3>step {index}</h3><pre class="log" id="log-{index}" hx-get="{esc(url)}" '
+        f'hx-trigger="{trig}, task from:body">…</pre>'
+    )
+
+
+async def step_log(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpResponse:
+    """The step's log as the node running it writes it (re-fetched each second while the
+    task is active: the stream is the file growing)."""
+    repo, task, index = m.group("repo"), m.group("task"), int(m.group("index"))
+    d = await page.api.call("GET", f"/v1/tasks/{repo}/{task}")
+    step = next((s for s in d.get("steps", []) if s["index"] == index), None)
+    if step is None:
+        raise UiError(404, f"task {task} has no step {index}")
+    path = page.a.ctx.layout.step_log(repo, task, index, step["name"])
+    if path.exists():
+        text = (await asyncio.to_thread(read_capped, path, LOG_CAP)).decode(errors="replace")
+    else:
+        text = f"(no log for this step on {page.node}; it runs or ran on {d.get('node') or '-'})"
+    return _frag(page, q, f"{task} step {index}", esc(text), f'<pre class="log">{esc(text)}</pre>')
+
+
+async def task_action(page: Page, m: re.Match[str], form: dict[str, str]) -> str:
+    repo, task, verb = m.group("repo"), m.group("task"), m.group("verb")
+    body = {"reason": "cancelled from the dashboard"} if verb == "cancel" else {}
+    d = await page.api.call("POST", f"/v1/tasks/{repo}/{task}/{verb}", body)
+    return f"{repo}/{task}: {d['state']}"
+
+
+ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+T = rf"/ui/tasks/(?P<repo>{ID})/(?P<task>{ID})"
+VIEWS = [
+    (r"/ui/tasks", tasks),
+    (T, task_detail),
+    (T + r"/log/(?P<index>[0-9]{1,4})", step_log),
+]
+ACTIONS = [(T + r"/(?P<verb>cancel|retry)", task_action)]

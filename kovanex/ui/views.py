@@ -1,0 +1,284 @@
+"""Cluster, node, health and environment pages, and the node and scale actions.
+
+Each view fetches through the API as the logged-in user (page.api), renders on the
+server, and marks the parts that change with `live(...)` so htmx re-fetches them when
+/v1/events says something moved. `?frag=1` answers just that part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from kovanex.client import ApiError as ClientError
+from kovanex.client import Client
+from kovanex.gitstate import gitcli
+from kovanex.net.http11 import HttpResponse
+from kovanex.ui import taskviews
+from kovanex.ui.page import Page, UiError, esc, live, table
+from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
+
+HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
+Query = dict[str, str]
+REMOTE_TIMEOUT_S = 3.0
+
+
+def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str) -> HttpResponse:
+    """The fragment for htmx (?frag=1), else the whole page around it."""
+    body = part if q.get("frag") else page.layout(title, whole, active)
+    return HttpResponse(200, HTML, body.encode())
+
+
+def status_cell(status: str) -> str:
+    return f'<span class="status-{esc(status)}" data-status="{esc(status)}">{esc(status)}</span>'
+
+
+# -- cluster -------------------------------------------------------------------------------
+async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
+    nodes = (await page.api.call("GET", "/v1/nodes"))["nodes"]
+    rows = []
+    for n in nodes:
+        name = n["name"]
+        rows.append([
+            f'<a href="/ui/nodes/{esc(name)}">{esc(name)}</a>',
+            esc(n.get("role")),
+            status_cell(str(n.get("status"))),
+            f'<span style="background:{health_colour(n.get("health"))}">'
+            f'{float(n.get("health") or 0):.2f}</span>',
+            esc(" ".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items()))),
+            esc(", ".join(n.get("repos_owned") or [])),
+            f'{n.get("runners_used", 0)}/{n.get("runners_total", 0)}',
+            "cordoned" if n.get("cordoned") else "",
+        ])  # fmt: skip
+    part = (
+        coordination(page)
+        + cluster_svg(nodes, page.node)
+        + table(
+            ["node", "role", "gossip", "health", "labels", "owns", "units busy", ""],
+            rows,
+            tid="nodes",
+        )
+    )
+    scale = await scale_part(page)
+    whole = (
+        "<h1>Cluster</h1>"
+        + live("/ui/?frag=1", "member,cluster", part, eid="cluster", poll="1s")
+        + scale
+    )
+    return answer(page, q, "Cluster", "cluster", part, whole)
+
+
+def coordination(page: Page) -> str:
+    """Leader, term and quorum when coordination is on (the agent's `coord` service, where
+    this build has one); nothing on the gossip-only backend, which has no leader."""
+    coord = getattr(page.a, "coord", None)
+    if coord is None or not page.who.may("read"):
+        return ""
+    return coordination_line(coord.summary())
+
+
+def coordination_line(s: dict[str, Any]) -> str:
+    """The line for a `Coordination.summary()` (h-i12a's shape); none for gossip."""
+    if s.get("backend") in (None, "gossip"):
+        return ""
+    quorum = {True: "yes", False: "no"}.get(s.get("quorum"), s.get("quorum"))
+    wait = f" · {esc(s['waiting'])}" if s.get("waiting") else ""
+    return (
+        f'<p id="coordination">coordination {esc(s.get("backend"))}: leader '
+        f"<b>{esc(s.get('leader') or 'none')}</b> · term {esc(s.get('term'))} · "
+        f"quorum {esc(quorum)}{wait}</p>"
+    )
+
+
+async def scale_part(page: Page) -> str:
+    try:
+        d = await page.api.call("GET", "/v1/scale/decision")
+    except UiError as e:  # no autoscaler on this agent (503), or no read scope
+        return f'<h2>Scale</h2><p id="scale" class="empty">{esc(e)}</p>'
+    rec = d.get("recommendation")
+    btn = page.button(
+        "/ui/scale/apply", "Apply scale decision", f"Run the scale executor with {rec}?",
+        scope="admin", bid="scale-apply",
+    )  # fmt: skip
+    return f'<h2>Scale</h2><p id="scale">recommendation: <b>{esc(rec)}</b> · pressure {esc(d.get("pressure"))}</p>{btn}'  # noqa: E501
+
+
+async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
+    name = m.group("name")
+    n = await page.api.call("GET", f"/v1/nodes/{name}")
+    facts = table(
+        ["field", "value"],
+        [[esc(k), status_cell(str(v)) if k == "status" else esc(v)] for k, v in sorted(n.items())],
+        tid="node-facts",
+    )
+    units = await node_units(page, name, n.get("http") or "")
+    if units is not None:
+        rows = [
+            [esc(u["index"]), esc(u.get("user")), "busy" if u["task"] != "-" else "idle",
+             taskviews.task_link(u["task"])]
+            for u in units
+        ]  # fmt: skip
+        unit_html = table(["unit", "user", "state", "current task"], rows, tid="units",
+                          empty="no compute units (units are off on this node)")  # fmt: skip
+    else:
+        http = n.get("http") or ""
+        link = f'<a href="{esc(http)}/ui/nodes/{esc(name)}">{esc(http)}</a>' if http else "-"
+        unit_html = (
+            f"<p>{esc(name)} did not answer for its compute units; its own dashboard: {link}</p>"  # noqa: E501
+        )
+    cordoned = bool(n.get("cordoned"))
+    actions = page.button(
+        f"/ui/nodes/{name}/cordon", "Uncordon" if cordoned else "Cordon",
+        f"{'Uncordon' if cordoned else 'Cordon'} node {name}?", scope="admin",
+        fields={"enable": "0" if cordoned else "1"}, bid="cordon",
+    ) + page.button(
+        f"/ui/nodes/{name}/drain", "Drain", f"Drain node {name}: no new tasks, runs finish?",
+        scope="admin", bid="drain",
+    )  # fmt: skip
+    part = facts + "<h2>Compute units</h2>" + unit_html
+    whole = f"<h1>Node {esc(name)}</h1><p>{actions}</p>" + live(
+        f"/ui/nodes/{name}?frag=1", "member,task", part, eid="node"
+    )
+    return answer(page, q, f"Node {name}", "cluster", part, whole)
+
+
+async def node_units(page: Page, name: str, http: str) -> list[dict[str, Any]] | None:
+    """A node's units: ours from the router in-process, another's from its own listener
+    (ListUnits is local to each node), with this session's token; None if it is gone."""
+    if name == page.node:
+        return (await page.api.call("GET", "/v1/units"))["units"]
+    if not http.startswith("http://"):
+        return None
+
+    def ask() -> Any:
+        c = Client(http, page.api.token, REMOTE_TIMEOUT_S, from_env=False)
+        try:
+            return c.call("ListUnits")["units"]
+        finally:
+            c.close()
+
+    try:
+        return await asyncio.to_thread(ask)
+    except (OSError, ClientError, ValueError, KeyError):
+        return None
+
+
+async def node_action(page: Page, m: re.Match[str], form: Query) -> str:
+    name, verb = m.group("name"), m.group("verb")
+    enable = form.get("enable", "1") != "0"
+    d = await page.api.call("POST", f"/v1/nodes/{name}/{verb}", {"enable": enable})
+    running = d.get("running")
+    more = f"; still running: {', '.join(running) or 'nothing'}" if running is not None else ""
+    return f"{d['node']}: {'cordoned' if d['cordoned'] else 'not cordoned'}{more}"
+
+
+async def scale_apply(page: Page, m: re.Match[str], form: Query) -> str:
+    d = await page.api.call("POST", "/v1/scale/apply", {})
+    return f"scale executor: {d}"
+
+
+# -- health --------------------------------------------------------------------------------
+async def health(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
+    h = await page.api.call("GET", "/v1/health")
+    parts = []
+    for name, d in sorted((h.get("nodes") or {}).items()):
+        score = d.get("score")
+        matrix = d.get("matrix") or {k: [v] for k, v in (d.get("vector") or {}).items()}
+        note = (
+            ""
+            if d.get("matrix")
+            else " (latest sample from gossip; the full matrix is on its own dashboard)"
+        )  # noqa: E501
+        s = "?" if score is None else f"{float(score):.2f}"
+        parts.append(
+            f'<article class="health" data-node="{esc(name)}"><h2>{esc(name)} '
+            f'<span style="background:{health_colour(score)}" class="score">{s}</span></h2>'
+            f"<p>metric × time{esc(note)}</p>{heatmap_svg(matrix)}</article>"
+        )
+    part = "".join(parts) or '<p class="empty">no health reports yet</p>'
+    whole = "<h1>Health</h1>" + live("/ui/health?frag=1", "member", part, eid="health")
+    return answer(page, q, "Health", "health", part, whole)
+
+
+# -- environments --------------------------------------------------------------------------
+async def _env_refs(git_dir: str) -> list[tuple[str, str, str]]:
+    fmt = "%(refname:short)%09%(objectname:short)%09%(contents:subject)"
+    res = await gitcli.run_async(
+        ["for-each-ref", f"--format={fmt}", "refs/heads/env/", "refs/heads/promotion/"],
+        git_dir=git_dir, timeout=gitcli.LOCAL_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    rows = [line.split("\t", 2) for line in res.stdout.splitlines()]
+    return [(r[0], r[1], r[2]) for r in rows if len(r) == 3]
+
+
+async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
+    g = await page.api.call("GET", "/v1/cluster/graph")
+    by_env: dict[str, list[str]] = {}
+    for v in g["vertices"]:
+        env = (v.get("labels") or {}).get("env")
+        if env:
+            by_env.setdefault(env, []).append(v["name"])
+    order = [e for e in g.get("env_order", []) if e in by_env]
+    rows = [[esc(e), esc(", ".join(by_env[e]))] for e in order]
+    path = " → ".join(order) or "no env labels on any node"
+    releases: list[list[str]] = []
+    for repo in sorted(page.a.repos.all()):
+        if not page.who.may("read", repo):
+            continue
+        git_dir = str(page.a.repos.path(repo))
+        refs = await _env_refs(git_dir)
+        for ref, oid, subject in refs:
+            env = ref.split("/", 2)[1] if ref.startswith("env/") else ""
+            acts = (
+                page.button(f"/ui/envs/{repo}/{env}/rollback", "Roll back",
+                            f"Roll back {env} of {repo}?", scope="push", repo=repo)
+                if env else
+                page.button(f"/ui/envs/{repo}/{ref}/approve", "Approve",
+                            f"Approve {ref} of {repo}?", scope="push", repo=repo)
+            )  # fmt: skip
+            releases.append([esc(repo), esc(ref), f"<code>{esc(oid)}</code>", esc(subject), acts])
+    events = [
+        [esc(e["index"]), esc(e["payload"])] for e in page.a.api.hub.since(0, ["promotion"])[-20:]
+    ]
+    part = (
+        table(["environment", "nodes"], rows, tid="envs", empty="no environments")
+        + f"<p>promotion path: {esc(path)}</p><h2>Releases and promotions</h2>"
+        + table(
+            ["repo", "ref", "commit", "subject", ""],
+            releases,
+            tid="releases",
+            empty="no env/ or promotion/ branches in the repos on this node",
+        )  # fmt: skip
+        + "<h2>Recent promotion events</h2>"
+        + table(["index", "event"], events, empty="none since this agent started")
+    )
+    whole = "<h1>Environments</h1>" + live("/ui/envs?frag=1", "promotion", part, eid="env")
+    return answer(page, q, "Environments", "envs", part, whole)
+
+
+async def env_action(page: Page, m: re.Match[str], form: Query) -> str:
+    """Approve / roll back through the API's promotion operations, where this agent has them."""
+    op = {"approve": "ApprovePromotion", "rollback": "RollbackEnvironment"}[m.group("verb")]
+    route = next((r for r in page.api.router.routes if r.op.op_id == op), None)
+    if route is None:
+        raise UiError(501, f"{op} is not served by this agent (no promotion API here yet)")
+    path = route.op.path.replace("{repo}", m.group("repo")).replace("{env}", m.group("ref"))
+    d: Any = await page.api.call(route.op.method, path, {})
+    return f"{op}: {d}"
+
+
+NAME = r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,62})"
+VIEWS = [
+    (r"/ui/", cluster),
+    (rf"/ui/nodes/{NAME}", node_view),
+    (r"/ui/health", health),
+    (r"/ui/envs", envs),
+    *taskviews.VIEWS,
+]
+ACTIONS = [
+    (rf"/ui/nodes/{NAME}/(?P<verb>drain|cordon)", node_action),
+    (r"/ui/scale/apply", scale_apply),
+    (r"/ui/envs/(?P<repo>[^/]+)/(?P<ref>.+)/(?P<verb>approve|rollback)", env_action),
+    *taskviews.ACTIONS,
+]

@@ -1,0 +1,221 @@
+"""Issue 15 over plain HTTP (no browser): login and its cookie, no data without a session,
+CSRF on every POST but the login, scopes as the /v1 API has them, the vendored files and
+their cache headers, and the SVG the cluster view is drawn with."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
+from tests.agentkit import Node, git
+from tests.uikit import admin_token, http_port, login_cookie, request
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    n = Node(tmp_path_factory.mktemp("ui"), "uh1", "--labels", "env=dev")
+    n.start()
+    try:
+        yield {
+            "node": n,
+            "port": http_port(n),
+            "admin": admin_token(n, "ui-admin"),
+            "reader": admin_token(n, "ui-reader", "read"),
+        }
+    finally:
+        n.stop()
+
+
+def csrf_of(html: bytes) -> str:
+    m = re.search(rb'name="csrf" value="([0-9a-f]{64})"', html)
+    assert m, "no CSRF field in the page"
+    return m.group(1).decode()
+
+
+def test_without_a_session_every_page_is_the_login_form(agent: dict[str, Any]) -> None:
+    for path in ("/ui/", "/ui/health", "/ui/tasks", "/ui/envs", "/ui/nodes/uh1", "/ui/?frag=1"):
+        status, headers, body = request(agent["port"], "GET", path)
+        assert status == 401, path
+        assert b'action="/ui/login"' in body and b'name="token"' in body
+        assert b"uh1</a>" not in body and b"cluster-graph" not in body, path
+    status, _, body = request(
+        agent["port"], "GET", "/ui/", headers={"Cookie": "kovanex_session=kxu_nope"}
+    )
+    assert status == 401 and b"cluster-graph" not in body
+    status, _, _ = request(agent["port"], "POST", "/ui/nodes/uh1/cordon", "enable=1", FORM)
+    assert status == 401
+
+
+def test_login_sets_an_httponly_cookie_and_refuses_a_bad_token(agent: dict[str, Any]) -> None:
+    status, _, body = request(agent["port"], "POST", "/ui/login", "token=kxu_wrong", FORM)
+    assert status == 401 and b'name="token"' in body
+    form = f"token={agent['admin']}&next=https://evil.example/"
+    status, headers, _ = request(agent["port"], "POST", "/ui/login", form, FORM)
+    assert status == 303 and headers["location"] == "/ui/"  # no open redirect
+    cookie = headers["set-cookie"]
+    assert cookie.startswith("kovanex_session=") and "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    status, _, body = request(
+        agent["port"], "GET", "/ui/", headers={"Cookie": cookie.split(";")[0]}
+    )
+    assert status == 200
+    assert b'<script src="/ui/static/htmx.min.js' in body and b">uh1</a>" in body
+
+
+def test_every_post_needs_the_csrf_token(agent: dict[str, Any]) -> None:
+    cookie = login_cookie(agent["port"], agent["admin"])
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    _, _, page = request(agent["port"], "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})
+    token = csrf_of(page)
+    for path in ("/ui/nodes/uh1/cordon", "/ui/nodes/uh1/drain", "/ui/scale/apply",
+                 "/ui/tasks/r/t/cancel", "/ui/logout"):  # fmt: skip
+        assert request(agent["port"], "POST", path, "enable=1", hdr)[0] == 403, path
+        assert request(agent["port"], "POST", path, "csrf=0" + token[1:], hdr)[0] == 403, path
+    # another session's token is no good either
+    other = login_cookie(agent["port"], agent["reader"])
+    status, _, _ = request(
+        agent["port"], "POST", "/ui/nodes/uh1/cordon", f"csrf={token}", {**hdr, "Cookie": other}
+    )
+    assert status == 403
+    status, _, body = request(
+        agent["port"], "POST", "/ui/nodes/uh1/cordon", f"csrf={token}&enable=1", hdr
+    )
+    assert status == 200 and b"uh1: cordoned" in body
+    request(agent["port"], "POST", "/ui/nodes/uh1/cordon", f"csrf={token}&enable=0", hdr)
+
+
+def test_a_form_without_js_asks_for_confirmation_first(agent: dict[str, Any]) -> None:
+    cookie = login_cookie(agent["port"], agent["admin"])
+    hdr = {**FORM, "Cookie": cookie}
+    _, _, page = request(agent["port"], "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})
+    token = csrf_of(page)
+    status, _, body = request(
+        agent["port"], "POST", "/ui/nodes/uh1/cordon", f"csrf={token}&enable=1", hdr
+    )
+    assert status == 200 and b'name="confirmed" value="1"' in body
+    assert b'"cordoned": true' not in body
+    _, _, facts = request(agent["port"], "GET", "/ui/nodes/uh1?frag=1", headers={"Cookie": cookie})
+    assert re.search(rb"cordoned</td><td>False", facts), "acted before confirmation"
+    status, headers, _ = request(
+        agent["port"], "POST", "/ui/nodes/uh1/cordon",
+        f"csrf={token}&enable=1&confirmed=1&back=/ui/nodes/uh1", hdr,
+    )  # fmt: skip
+    assert status == 303 and headers["location"] == "/ui/nodes/uh1"
+    _, _, facts = request(agent["port"], "GET", "/ui/nodes/uh1?frag=1", headers={"Cookie": cookie})
+    assert re.search(rb"cordoned</td><td>True", facts)
+    request(agent["port"], "POST", "/ui/nodes/uh1/cordon",
+            f"csrf={token}&enable=0&confirmed=1", hdr)  # fmt: skip
+
+
+def test_a_read_token_sees_no_buttons_and_its_actions_are_refused(agent: dict[str, Any]) -> None:
+    cookie = login_cookie(agent["port"], agent["reader"])
+    status, _, page = request(agent["port"], "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})
+    assert status == 200 and b'id="cordon"' not in page and b'id="drain"' not in page
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(
+        agent["port"], "POST", "/ui/nodes/uh1/cordon", f"csrf={csrf_of(page)}&enable=1", hdr
+    )
+    assert b"admin" in body and b'class="err"' in body  # the API's own 403, as a message
+
+
+def test_vendored_htmx_matches_its_record_and_is_cached_long(agent: dict[str, Any]) -> None:
+    static = resources.files("kovanex.ui") / "static"
+    record = (static / "VENDORED.md").read_text()
+    for name in ("htmx.min.js", "hx-sse.min.js", "htmx-LICENSE.txt"):
+        data = (static / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() in record, f"{name} differs from VENDORED.md"
+        status, headers, body = request(agent["port"], "GET", f"/ui/static/{name}")
+        assert status == 200 and body == data  # public: no data in it
+        assert "max-age=31536000" in headers["cache-control"]
+    assert "4.0.1" in record and "0BSD" in record
+
+
+def test_the_api_is_still_served_behind_the_ui_router(agent: dict[str, Any]) -> None:
+    status, _, _ = request(agent["port"], "GET", "/v1/nodes")
+    assert status == 401
+    status, _, body = request(
+        agent["port"], "GET", "/v1/nodes", headers={"Authorization": f"Bearer {agent['admin']}"}
+    )
+    assert status == 200 and b'"uh1"' in body
+
+
+def test_cluster_svg_colours_health_and_marks_gossip_state() -> None:
+    members = [
+        {"name": "a", "status": "alive", "health": 0.9, "labels": {"env": "dev"}},
+        {"name": "b", "status": "suspect", "health": 0.2, "labels": {"env": "prod"}},
+        {"name": "c", "status": "dead", "health": 0.5, "repos_owned": ["r"]},
+    ]
+    svg = cluster_svg(members, "a")
+    assert svg.count('class="node"') == 3 and svg.count("edge-env") == 1
+    assert 'data-node="b" data-status="suspect"' in svg and 'stroke-dasharray="8 4"' in svg
+    assert 'data-node="c" data-status="dead"' in svg and "#9e9e9e" in svg
+    assert health_colour(0.9) != health_colour(0.2) and health_colour(None) == "#bdbdbd"
+    assert "a (this node)" in svg and "owns: r" in svg
+    assert cluster_svg(members, "a") == svg  # deterministic
+    assert "&lt;x&gt;" in cluster_svg([{"name": "<x>"}], "a")
+
+
+def test_heatmap_is_metric_by_time() -> None:
+    svg = heatmap_svg({"cpu": [0.1, 0.5, None], "mem": [1.0, 2.0, 3.0]})
+    assert svg.count("<rect") == 6 and svg.count('class="metric"') == 2
+    assert "#eeeeee" in svg  # an unknown sample
+    assert "no samples" in heatmap_svg({})
+
+
+def test_templates_ship_in_the_package() -> None:
+    root = Path(str(resources.files("kovanex.ui")))
+    assert (root / "templates" / "layout.html").is_file()
+    assert "hx-sse:connect" in (root / "templates" / "layout.html").read_text()
+
+
+def test_coordination_line_shows_leader_term_and_quorum_when_on() -> None:
+    from kovanex.ui.views import coordination_line
+
+    nats = {"backend": "nats", "leader": "u2", "term": 7, "quorum": True}
+    line = coordination_line(nats)
+    assert "leader <b>u2</b>" in line and "term 7" in line and "quorum yes" in line
+    waiting = coordination_line({**nats, "leader": None, "quorum": False, "waiting": "2 of 3"})
+    assert "leader <b>none</b>" in waiting and "quorum no" in waiting and "2 of 3" in waiting
+    assert coordination_line({"backend": "gossip", "leader": None, "term": 0}) == ""
+
+
+def test_environments_list_the_env_branches_of_the_repos_here(agent: dict[str, Any]) -> None:
+    n = agent["node"]
+    n.kx("repo", "create", "shop")
+    g = n.repo("shop")
+    tree = git("mktree", cwd=g, input="").stdout.strip()
+    ident = ("-c", "user.name=rel", "-c", "user.email=rel@example.invalid")
+    commit = git(*ident, "commit-tree", tree, "-m", "release v7 to prod", cwd=g).stdout.strip()
+    git("update-ref", "refs/heads/env/prod", commit, cwd=g)
+    cookie = login_cookie(agent["port"], agent["admin"])
+    status, _, page = request(agent["port"], "GET", "/ui/envs", headers={"Cookie": cookie})
+    assert status == 200
+    row = re.search(rb'<table id="releases">.*?</table>', page, re.S)
+    assert row and b"env/prod" in row.group(0) and b"release v7 to prod" in row.group(0)
+    assert b'action="/ui/envs/shop/prod/rollback"' in page
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(
+        agent["port"], "POST", "/ui/envs/shop/prod/rollback", f"csrf={csrf_of(page)}", hdr
+    )
+    assert b"RollbackEnvironment is not served by this agent" in body
+    reader = login_cookie(agent["port"], agent["reader"])
+    _, _, page = request(agent["port"], "GET", "/ui/envs", headers={"Cookie": reader})
+    assert b"env/prod" in page and b"/rollback" not in page  # read scope: no button
+
+
+def test_scale_section_says_when_there_is_no_autoscaler(agent: dict[str, Any]) -> None:
+    cookie = login_cookie(agent["port"], agent["admin"])
+    _, _, page = request(agent["port"], "GET", "/ui/", headers={"Cookie": cookie})
+    assert re.search(rb'<p id="scale" class="empty">no autoscaler on this agent</p>', page)
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    _, _, body = request(agent["port"], "POST", "/ui/scale/apply", f"csrf={csrf_of(page)}", hdr)
+    assert b'class="err"' in body and b"no autoscaler on this agent" in body

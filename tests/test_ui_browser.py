@@ -1,0 +1,228 @@
+"""Issue 15 in a real browser: Debian's headless Chromium against a live 3-node loopback
+cluster (wu1 dev, wu2 staging, wu3 prod: names no other test uses, as a host-wide units
+lock keys on them). One cluster and one browser for the module; the node kill runs last.
+A PNG of each view goes to the test's tmp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agentkit import clone_with_task, git, wait_for
+from tests.uikit import (
+    admin_token,
+    browser_login,
+    browser_missing,
+    chrome,
+    http_port,
+    start_cluster,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
+]
+NAMES = ("wu1", "wu2", "wu3")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("uicluster")
+    nodes = start_cluster(root, NAMES)
+    try:
+        yield {
+            "nodes": nodes,
+            "root": root,
+            "base": f"http://127.0.0.1:{http_port(nodes[0])}",
+            "token": admin_token(nodes[0], "dash"),
+        }
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+@pytest.fixture(scope="module")
+def drv(cluster: dict[str, Any]) -> Iterator[Any]:
+    d = chrome()
+    try:
+        browser_login(d, cluster["base"], cluster["token"])
+        yield d
+    finally:
+        d.quit()
+
+
+def by(css: str) -> tuple[str, str]:
+    return ("css selector", css)
+
+
+def text(drv: Any, css: str) -> str:
+    return " ".join(e.text for e in drv.find_elements(*by(css)))
+
+
+COUNT_TASK_EVENTS = """window.__kx_task_events = 0;
+document.body.addEventListener('task', () => { window.__kx_task_events += 1; });"""
+
+
+def mark_page(drv: Any) -> None:
+    """A flag in the window: still there later means the page was never reloaded."""
+    drv.execute_script("window.__kx_no_reload = 1")
+
+
+def not_reloaded(drv: Any) -> bool:
+    return drv.execute_script("return window.__kx_no_reload === 1") is True
+
+
+def test_no_session_gets_the_login_page_and_no_data(cluster: dict[str, Any], shots: Path) -> None:
+    d = chrome()
+    try:
+        d.get(cluster["base"] + "/ui/")
+        assert d.find_elements(*by("form[action='/ui/login'] input[name=token]"))
+        src = d.page_source
+        assert "wu2" not in src and "wu3" not in src and "cluster-graph" not in src
+        d.save_screenshot(str(shots / "login.png"))
+        d.get(cluster["base"] + "/v1/events")  # the stream needs the cookie too
+        assert "unauthorized" in d.page_source
+    finally:
+        d.quit()
+
+
+def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    drv.get(cluster["base"] + "/ui/")
+    src = drv.page_source
+    assert '<script src="/ui/static/htmx.min.js' in src
+    wait_for(lambda: drv.execute_script("return typeof htmx") == "object", 10, "htmx loaded")
+    nodes = {e.get_attribute("data-node"): e for e in drv.find_elements(*by("svg a.node"))}
+    assert set(nodes) == set(NAMES)
+    assert all(e.get_attribute("data-status") == "alive" for e in nodes.values())
+    graph = text(drv, "#cluster-graph")
+    for name, env in zip(NAMES, ("dev", "staging", "prod"), strict=True):
+        assert name in graph and f"env={env}" in graph
+    assert "FULL" in graph.upper() and "runner units" in graph
+    assert len(drv.find_elements(*by("#cluster-graph .edge-env"))) == 2  # dev→staging→prod
+    rows = text(drv, "#nodes tbody")
+    assert all(n in rows for n in NAMES)
+    drv.save_screenshot(str(shots / "cluster.png"))
+
+    drv.find_element(*by("svg a.node[data-node=wu1]")).click()
+    wait_for(lambda: drv.find_elements(*by("#units")), 10, "wu1's node page")
+    assert "Node wu1" in drv.find_element(*by("h1")).text
+    assert drv.find_elements(*by("button#cordon")) and drv.find_elements(*by("button#drain"))
+    drv.save_screenshot(str(shots / "node.png"))
+    drv.get(cluster["base"] + "/ui/nodes/wu2")  # another node: its units, asked of wu2 itself
+    assert "idle" in text(drv, "#units tbody") and "did not answer" not in drv.page_source
+
+
+def test_health_view_has_a_heatmap_and_score_per_node(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    drv.get(cluster["base"] + "/ui/health")
+    wait_for(
+        lambda: (
+            {e.get_attribute("data-node") for e in drv.find_elements(*by("article.health"))}
+            == set(NAMES)
+        ),
+        30,
+        "a health report from every node",
+    )
+    local = drv.find_element(*by("article.health[data-node=wu1]"))
+    cells = local.find_elements(*by("svg.heatmap rect"))
+    rows = local.find_elements(*by("svg.heatmap text.metric"))
+    assert len(rows) >= 2 and len(cells) >= len(rows)  # metric × time
+    assert float(local.find_element(*by(".score")).text) >= 0
+    drv.save_screenshot(str(shots / "health.png"))
+
+
+def test_environments_view_shows_the_promotion_path(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    drv.get(cluster["base"] + "/ui/envs")
+    envs = [r.text.split()[0] for r in drv.find_elements(*by("#envs tbody tr"))]
+    assert envs == ["dev", "staging", "prod"]
+    assert "dev → staging → prod" in drv.page_source
+    drv.save_screenshot(str(shots / "envs.png"))
+
+
+def test_cancel_a_running_task_and_see_it_change_without_reload(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    wu1 = cluster["nodes"][0]
+    dest = clone_with_task(
+        wu1, "web", cluster["root"] / "work", "long",
+        '[[steps]]\nname = "wait"\nrun = "echo started; sleep 120"\n',
+    )  # fmt: skip
+    drv.get(cluster["base"] + "/ui/tasks")
+    assert "long" not in text(drv, "#tasks")
+    mark_page(drv)
+    drv.execute_script(COUNT_TASK_EVENTS)
+    git("push", "-q", "origin", "task/long", cwd=dest)
+    wait_for(lambda: "long" in text(drv, "#tasks"), 30, "the task to show up live in the list")
+    assert not_reloaded(drv)
+    wait_for(lambda: drv.execute_script("return window.__kx_task_events") > 0, 10,
+             "task events from /v1/events reaching the page")  # fmt: skip
+    drv.save_screenshot(str(shots / "tasks.png"))
+
+    drv.get(cluster["base"] + "/ui/tasks/web/long")
+    wait_for(
+        lambda: text(drv, "#task p [data-state]") == "running", 60, "the task running on the page"
+    )
+    wait_for(lambda: "started" in text(drv, "#log-1"), 20, "the step's log streaming in")
+    assert "placed" in text(drv, "#timeline") and "score:" in text(drv, "#timeline")
+    drv.save_screenshot(str(shots / "task.png"))
+    mark_page(drv)
+    drv.find_element(*by("button#cancel")).click()
+    wait_for(lambda: _alert(drv), 10, "the confirmation dialog").accept()
+    wait_for(
+        lambda: text(drv, "#task p [data-state]") == "cancelled", 30, "cancelled, live on the page"
+    )
+    assert not_reloaded(drv), "the page reloaded: the change did not arrive live"
+    assert "cancelled" in text(drv, "#flash")
+    assert "cancelled" in text(drv, "#timeline")
+    drv.save_screenshot(str(shots / "task-cancelled.png"))
+
+
+def _alert(drv: Any) -> Any:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return drv.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
+def test_kill_a_node_and_see_it_turn_suspect_then_dead(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    drv.get(cluster["base"] + "/ui/")
+
+    def status() -> str | None:
+        els = drv.find_elements(*by("svg a.node[data-node=wu3]"))
+        return els[0].get_attribute("data-status") if els else None
+
+    wait_for(lambda: status() == "alive", 10, "wu3 alive on the graph")
+    mark_page(drv)
+    seen: list[str] = []
+
+    def watch(want: str) -> bool:
+        s = status()
+        if s and (not seen or seen[-1] != s):
+            seen.append(s)
+        return s == want
+
+    cluster["nodes"][2].kill9()
+    wait_for(lambda: watch("suspect"), 30, "wu3 suspect on the graph")
+    drv.save_screenshot(str(shots / "cluster-suspect.png"))
+    wait_for(lambda: watch("dead"), 60, "wu3 dead on the graph")
+    drv.save_screenshot(str(shots / "cluster-dead.png"))
+    assert seen == ["alive", "suspect", "dead"], seen
+    assert not_reloaded(drv)
+    assert "dead" in text(drv, "#nodes tbody")
