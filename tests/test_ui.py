@@ -212,10 +212,13 @@ def test_environments_list_the_env_branches_of_the_repos_here(agent: dict[str, A
     assert b"env/prod" in page and b"/rollback" not in page  # read scope: no button
 
 
-def test_scale_section_says_when_there_is_no_autoscaler(agent: dict[str, Any]) -> None:
+def test_scale_section_shows_the_decision_and_apply_says_why_nothing_ran(
+    agent: dict[str, Any],
+) -> None:
     cookie = login_cookie(agent["port"], agent["admin"])
     _, _, page = request(agent["port"], "GET", "/ui/", headers={"Cookie": cookie})
-    assert re.search(rb'<p id="scale" class="empty">no autoscaler on this agent</p>', page)
+    assert re.search(rb'<p id="scale">recommendation: <b>none \(\d+ \S+ \d+ runners\)</b>', page)
+    assert b"pressure 0.0" in page
     hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
     _, _, body = request(agent["port"], "POST", "/ui/scale/apply", f"csrf={csrf_of(page)}", hdr)
-    assert b'class="err"' in body and b"no autoscaler on this agent" in body
+    assert b"nothing applied:" in body

@@ -64,7 +64,20 @@ def by(css: str) -> tuple[str, str]:
 
 
 def text(drv: Any, css: str) -> str:
-    return " ".join(e.text for e in drv.find_elements(*by(css)))
+    """Read in one script: htmx may swap a live block between two WebDriver calls."""
+    return drv.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(e => e.innerText !== undefined ? e.innerText : e.textContent).join(' ')",
+        css,
+    )
+
+
+def node_status(drv: Any) -> dict[str, str]:
+    """data-node → data-status of the graph's nodes, read in one script (see `text`)."""
+    return drv.execute_script(
+        "const o = {}; document.querySelectorAll('svg a.node').forEach("
+        "e => { o[e.getAttribute('data-node')] = e.getAttribute('data-status'); }); return o;"
+    )
 
 
 COUNT_TASK_EVENTS = """window.__kx_task_events = 0;
@@ -101,9 +114,9 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     src = drv.page_source
     assert '<script src="/ui/static/htmx.min.js' in src
     wait_for(lambda: drv.execute_script("return typeof htmx") == "object", 10, "htmx loaded")
-    nodes = {e.get_attribute("data-node"): e for e in drv.find_elements(*by("svg a.node"))}
+    nodes = node_status(drv)
     assert set(nodes) == set(NAMES)
-    assert all(e.get_attribute("data-status") == "alive" for e in nodes.values())
+    assert all(status == "alive" for status in nodes.values())
     graph = text(drv, "#cluster-graph")
     for name, env in zip(NAMES, ("dev", "staging", "prod"), strict=True):
         assert name in graph and f"env={env}" in graph
@@ -205,8 +218,7 @@ def test_kill_a_node_and_see_it_turn_suspect_then_dead(
     drv.get(cluster["base"] + "/ui/")
 
     def status() -> str | None:
-        els = drv.find_elements(*by("svg a.node[data-node=wu3]"))
-        return els[0].get_attribute("data-status") if els else None
+        return node_status(drv).get("wu3")
 
     wait_for(lambda: status() == "alive", 10, "wu3 alive on the graph")
     mark_page(drv)

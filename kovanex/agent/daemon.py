@@ -261,8 +261,8 @@ class Agent:
                 log.info("killed an orphaned step from before the restart (%s)", pidfile.stem)
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
-        self.api.start()
         await self.cluster.start()
+        self.api.start()  # its scale poller reads gossip: only once gossip has started
         await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
         self.remote.start()

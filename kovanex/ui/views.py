@@ -96,7 +96,8 @@ async def scale_part(page: Page) -> str:
         d = await page.api.call("GET", "/v1/scale/decision")
     except UiError as e:  # no autoscaler on this agent (503), or no read scope
         return f'<h2>Scale</h2><p id="scale" class="empty">{esc(e)}</p>'
-    rec = d.get("recommendation")
+    r = d.get("recommendation") or {}
+    rec = f"{r.get('action', '?')} ({r.get('current', '?')} → {r.get('desired', '?')} runners)"
     btn = page.button(
         "/ui/scale/apply", "Apply scale decision", f"Run the scale executor with {rec}?",
         scope="admin", bid="scale-apply",
@@ -175,7 +176,9 @@ async def node_action(page: Page, m: re.Match[str], form: Query) -> str:
 
 async def scale_apply(page: Page, m: re.Match[str], form: Query) -> str:
     d = await page.api.call("POST", "/v1/scale/apply", {})
-    return f"scale executor: {d}"
+    if not d.get("applied"):
+        return f"nothing applied: {d.get('reason', 'no reason given')}"
+    return f"scale executor ran: exit {d.get('executor', {}).get('exit')}"
 
 
 # -- health --------------------------------------------------------------------------------
