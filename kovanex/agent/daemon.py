@@ -174,6 +174,7 @@ class Agent:
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
         self.cluster.on_record = self.api.recorded
+        self.promotions.on_change = self.api.promoted
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
