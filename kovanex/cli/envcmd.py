@@ -15,7 +15,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex.cli.apicmd import api_call
-from kovanex.cli.output import add_format, emit_json, table
+from kovanex.cli.output import CliError, add_format, emit_json, table
 
 POLL_S = 0.3  # how often --follow asks the agent for new report lines (not synchronisation)
 
@@ -92,6 +92,8 @@ def cmd_request(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
                                                   "env": args.env}, token=token)  # fmt: skip
     elif args.op == "approve":
         env, _, version = args.id.partition("/")
+        if not env or not version:
+            raise CliError(f"{args.id!r} is not a promotion id; `kovanex env list` shows them")
         res = api_call(layout, "ApprovePromotion", body, token=token, env=env, version=version)
     else:
         op = "VerifyEnvironment" if args.op == "verify" else "RollbackEnvironment"
