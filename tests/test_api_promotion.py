@@ -15,6 +15,7 @@ import pytest
 from kovanex import config as cfgmod
 from kovanex.client import ApiError, Client
 from tests.agentkit import Node, git, trailers_of, wait_for
+from tests.test_api_cluster import bind_of
 from tests.test_e2e_promotion import _url
 
 NAMES = {"p1": "prod", "p2": "dev"}  # node names of our own: the units lock keys on them
@@ -29,10 +30,6 @@ from = "dev"
 approvals = 1
 self_approval = false
 """
-
-
-def bind_of(node: Node) -> str:
-    return (node.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
 
 
 def http_of(node: Node) -> str:
