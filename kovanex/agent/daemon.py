@@ -127,7 +127,7 @@ class Agent:
             self.watch,
         )
         self.promotions = Promotions(
-            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members, self.book
+            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members
         )
         self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)

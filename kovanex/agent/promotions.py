@@ -27,7 +27,6 @@ from kovanex.gitstate.ledger import NoSuchTask
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict
 from kovanex.pushcheck import ZERO, RefUpdate, queue_submission
-from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.promotions")
 TICK_S = float(os.environ.get("KOVANEX_PROMOTE_TICK_S", "0.5"))
@@ -86,14 +85,12 @@ class Promotions:
         replicas: Any,
         changed: Callable[[str, str | None], None],
         members: Callable[[], list[dict[str, Any]]],
-        book: TokenBook,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
         self.replicas = replicas
         self.changed = changed  # the dispatcher: schedule a task / announce moved refs
         self.members = members
-        self.book = book
         self.on_change: Callable[[dict[str, Any]], None] = lambda event: None  # the API's feed
         self.seen: dict[tuple[str, str], float] = {}  # (repo, version) -> first seen
         self.errors: dict[str, list[str]] = {}
@@ -316,25 +313,9 @@ class Promotions:
             f"several repos declare environments ({', '.join(have)}); pass --repo", "ambiguous_repo"
         )
 
-    def who(self, args: dict[str, Any], repo: str) -> str:
-        """The approver's (or requester's) token name; the node's admin without a token."""
-        token = args.get("token")
-        if not token:
-            return f"local@{self.ctx.name}"
-        try:
-            rec = self.book.verify(str(token))
-        except Refused as e:
-            raise ControlError(str(e)) from e
-        if not rec.grants("push", repo):
-            raise ControlError(
-                f"token {rec.name} may not promote or approve in {repo} (needs push)"
-            )
-        return rec.name
-
-    async def request(self, op: str, args: dict[str, Any], by: str = "") -> dict[str, Any]:
-        """One request; `by` is who asks when the caller already knows (the API's bearer)."""
+    async def request(self, op: str, args: dict[str, Any], by: str) -> dict[str, Any]:
+        """One request from `by`: the API's bearer token name (kovanex/api/promotions.py)."""
         repo = self.repo_of(args)
-        by = by or self.who(args, repo)
         req: pcore.Request
         if op == "promote":
             req = pcore.PromoteReq(str(args["version"]), str(args["env"]), by)
