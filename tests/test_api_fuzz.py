@@ -40,6 +40,7 @@ name = "build"
 run = "echo built"
 timeout_s = 60
 """
+ENVS = '[[environments]]\nname = "dev"\n\n[[environments]]\nname = "prod"\nfrom = "dev"\n'
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,19 @@ def agent(tmp_path_factory: pytest.TempPathFactory):
     clone = clone_with_task(n, "demo", root / "c", "t1", SPEC)
     git("push", "-q", "origin", "task/t1", cwd=clone)
     wait_for(lambda: n.show("t1")["state"] == "succeeded", 30, "the seed task")
+    # environments on main, so the promotion operations answer for real (repo optional)
+    git("checkout", "-q", "-b", "main", cwd=clone)
+    (clone / ".kovanex" / "environments.toml").write_text(ENVS)
+    git("add", "-A", cwd=clone)
+    git("commit", "-qm", "environments", cwd=clone)
+    git("push", "-q", "origin", "main", cwd=clone)
     cfg = cfgmod.load(cfgmod.Layout(n.data))
     host, port = cfgmod.parse_addr(cfg.http_bind, 0)
-    yield n, f"http://{host}:{port}", cfgmod.read_token(cfgmod.Layout(n.data))
+    url, token = f"http://{host}:{port}", cfgmod.read_token(cfgmod.Layout(n.data))
+    c = Client(url, token, from_env=False)
+    wait_for(lambda: len(c.call("ListEnvironments")["environments"]) == 2, 30, "environments")
+    c.close()
+    yield n, url, token
     n.stop()
 
 

@@ -128,7 +128,7 @@ class Agent:
             self.watch,
         )
         self.promotions = Promotions(
-            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members, self.book
+            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members
         )
         self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
@@ -175,6 +175,7 @@ class Agent:
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
         self.cluster.on_record = self.api.recorded
+        self.promotions.on_change = self.api.promoted
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):

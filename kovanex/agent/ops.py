@@ -82,23 +82,10 @@ class ControlOps:
         if op == "reconcile":
             await a.scheduler.reconcile_all()
             return True
-        if op.startswith("env."):
-            return await self._env_op(op[4:], args)
         res = await self._cluster_op(op, args)
         if res is not NotImplemented:
             return res
         raise ControlError(f"unknown operation {op!r}")
-
-    async def _env_op(self, op: str, args: dict[str, Any]) -> Any:
-        """Environments and promotions (kovanex/agent/promotions.py)."""
-        p = self.a.promotions
-        if op == "list":
-            return p.env_list(args)
-        if op == "report":
-            return p.report(args)
-        if op in ("promote", "approve", "verify", "rollback"):
-            return await p.request(op, args)
-        raise ControlError(f"unknown operation env.{op!r}")
 
     async def _cluster_op(self, op: str, args: dict[str, Any]) -> Any:
         a = self.a

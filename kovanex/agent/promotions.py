@@ -27,7 +27,6 @@ from kovanex.gitstate.ledger import NoSuchTask
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import CasConflict
 from kovanex.pushcheck import ZERO, RefUpdate, queue_submission
-from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.promotions")
 TICK_S = float(os.environ.get("KOVANEX_PROMOTE_TICK_S", "0.5"))
@@ -35,6 +34,40 @@ TICK_S = float(os.environ.get("KOVANEX_PROMOTE_TICK_S", "0.5"))
 FOLLOW_S = float(os.environ.get("KOVANEX_PROMOTE_FOLLOW_S", "20"))
 GATE_PRIORITY = 70  # gates go before ordinary work: a release is waiting on them
 QUIET = ("gate ", "gates passed; queued", "approved; queued")
+
+
+class PromotionRefused(ControlError):
+    """The decider's refusal, with its code (unknown_env, not_waiting, self_approval...)."""
+
+    def __init__(self, reason: str, code: str = "refused") -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def change_of(repo: str, state: ps.Repo, eff: ps.Record | ps.MoveEnv) -> dict[str, Any]:
+    """The `promotion` event for a note or a release just written: what changed, and the
+    promotion's state after it (a note without a status keeps the one it had)."""
+    rec = eff.record if isinstance(eff, ps.MoveEnv) else eff
+    pid = pcore.promotion_id(rec.env, rec.version)
+    before = state.promotions.get(pid)
+    status = next((n.status for n in reversed(rec.notes) if n.status), "")
+    status = status or (before.status if before else "")
+    keys = {k for n in rec.notes for k, _ in n.trailers}
+    if isinstance(eff, ps.MoveEnv):
+        what = "rolled_back" if any(k == ps.T_ROLLBACK_OF for k, _ in eff.trailers) else "moved"
+    elif ps.T_SUPERSEDED in keys:
+        what = "superseded"
+    elif ps.T_APPROVED in keys:
+        what = "approved"
+    elif ps.T_GATE in keys:
+        what = "gate"
+    elif before is None:
+        what = "opened"
+    else:
+        what = status or "noted"
+    message = rec.notes[-1].subject if rec.notes else ""
+    return {"repo": repo, "env": rec.env, "version": rec.version, "id": pid, "state": status,
+            "event": what, "message": message}  # fmt: skip
 
 
 def report_line(env: str, subject: str) -> str | None:
@@ -52,14 +85,13 @@ class Promotions:
         replicas: Any,
         changed: Callable[[str, str | None], None],
         members: Callable[[], list[dict[str, Any]]],
-        book: TokenBook,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
         self.replicas = replicas
         self.changed = changed  # the dispatcher: schedule a task / announce moved refs
         self.members = members
-        self.book = book
+        self.on_change: Callable[[dict[str, Any]], None] = lambda event: None  # the API's feed
         self.seen: dict[tuple[str, str], float] = {}  # (repo, version) -> first seen
         self.errors: dict[str, list[str]] = {}
         self.busy: dict[str, int] = {}  # repo -> effects applied by its last pass
@@ -156,6 +188,8 @@ class Promotions:
             log.info("promotion write lost a race (%s); the next pass re-reads", e)
             return 0
         self.changed(repo, "")  # tell replicas the refs moved
+        if isinstance(eff, ps.Record | ps.MoveEnv):
+            self.on_change(change_of(repo, state, eff))
         return 1
 
     def _start(self, repo: str, state: ps.Repo, eff: ps.StartTask) -> None:
@@ -254,42 +288,34 @@ class Promotions:
                 ]
 
     # -- requests ---------------------------------------------------------------------
-    def _repo(self, args: dict[str, Any]) -> str:
+    def repo_of(self, args: dict[str, Any]) -> str:
         if args.get("repo"):
             repo = str(args["repo"])
             if repo not in self.repos.all():
-                raise ControlError(f"no repo {repo} on {self.ctx.name}; see `kovanex repo list`")
+                raise PromotionRefused(
+                    f"no repo {repo} on {self.ctx.name}; see `kovanex repo list`", "unknown_repo"
+                )
             if not self.replicas.is_owner(repo):
-                raise ControlError(f"{self.ctx.name} only mirrors {repo}; run this on its owner")
+                raise PromotionRefused(
+                    f"{self.ctx.name} only mirrors {repo}; run this on its owner", "owner_moved"
+                )
             return repo
         have = [r for r in self.repos.owned() if self.gather(r) is not None or self.errors.get(r)]
         if len(have) == 1:
             return have[0]
         if not have:
-            raise ControlError(
+            raise PromotionRefused(
                 "no repo here declares environments; commit .kovanex/environments.toml "
-                "on the default branch and push it"
+                "on the default branch and push it",
+                "no_environments",
             )
-        raise ControlError(f"several repos declare environments ({', '.join(have)}); pass --repo")
+        raise PromotionRefused(
+            f"several repos declare environments ({', '.join(have)}); pass --repo", "ambiguous_repo"
+        )
 
-    def who(self, args: dict[str, Any], repo: str) -> str:
-        """The approver's (or requester's) token name; the node's admin without a token."""
-        token = args.get("token")
-        if not token:
-            return f"local@{self.ctx.name}"
-        try:
-            rec = self.book.verify(str(token))
-        except Refused as e:
-            raise ControlError(str(e)) from e
-        if not rec.grants("push", repo):
-            raise ControlError(
-                f"token {rec.name} may not promote or approve in {repo} (needs push)"
-            )
-        return rec.name
-
-    async def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        repo = self._repo(args)
-        by = self.who(args, repo)
+    async def request(self, op: str, args: dict[str, Any], by: str) -> dict[str, Any]:
+        """One request from `by`: the API's bearer token name (kovanex/api/promotions.py)."""
+        repo = self.repo_of(args)
         req: pcore.Request
         if op == "promote":
             req = pcore.PromoteReq(str(args["version"]), str(args["env"]), by)
@@ -307,7 +333,7 @@ class Promotions:
             effects = pcore.handle(state, req, now)
             for eff in effects:
                 if isinstance(eff, ps.Refuse):
-                    raise ControlError(eff.reason)
+                    raise PromotionRefused(eff.reason, eff.code)
             for eff in effects:
                 if not await self._apply(repo, state, eff, now) and isinstance(eff, ps.Record):
                     raise ControlError("another change landed at the same moment; try again")
@@ -317,7 +343,7 @@ class Promotions:
 
     def report(self, args: dict[str, Any]) -> dict[str, Any]:
         """The notes of one promotion (for `--follow`), and whether it is still live."""
-        repo = self._repo(args)
+        repo = self.repo_of(args)
         env, _, version = str(args["id"]).partition("/")
         store = self._store(repo)
         promos = releases.read_promotions(store)
@@ -338,7 +364,7 @@ class Promotions:
         }
 
     def env_list(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        repo = self._repo(args)
+        repo = self.repo_of(args)
         state = self.gather(repo)
         if state is None:
             raise ControlError("; ".join(self.errors.get(repo, ["no environments"])))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 FORWARD_TIMEOUT_S = 30.0
 NODE_OPS = ("DrainNode", "CordonNode")
+OWNER_READS = ("ListEnvironments", "GetPromotion")  # the promotion service runs on the owner
 
 
 def decider(a: Agent, call: Call) -> str | None:
@@ -33,7 +34,7 @@ def decider(a: Agent, call: Call) -> str | None:
     repo = call.params.get("repo") or call.body.get("repo") or call.query.get("repo")
     if not isinstance(repo, str):
         return None
-    if not call.op.write and repo in a.repos.all():
+    if not call.op.write and repo in a.repos.all() and call.op.op_id not in OWNER_READS:
         return None  # a read this node's git answers
     owner = a.replicas.owner_of(repo)
     return None if owner is None else owner[0]

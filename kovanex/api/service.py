@@ -1,7 +1,7 @@
 """The API as one agent service: the event hub, its feeds, and the router it serves.
 
 Feeds: ref moves (the RefWatcher, so any writer's task transition is seen), the
-cluster's event records (members), and the autoscaler's decisions, polled because the
+cluster's event records (members), the promotion service's writes, and the autoscaler's decisions, polled because the
 scaling service (kovanex/agent/scaling.py) owns its own clock.
 """
 
@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kovanex.api import reads, writes
+from kovanex.api import promotions, reads, writes
 from kovanex.api.events import EventHub, TaskWatch, member_topic
 from kovanex.api.forward import Forwarder
 from kovanex.api.router import ApiRouter
@@ -32,7 +32,7 @@ class ApiService:
             self.hub,
             agent.ctx.token,
             agent.book,
-            {**reads.handlers(agent), **writes.handlers(agent)},
+            {**reads.handlers(agent), **writes.handlers(agent), **promotions.handlers(agent)},
             forward=Forwarder(agent),
             metrics=self._metrics,
         )
@@ -49,6 +49,10 @@ class ApiService:
     def recorded(self, event: dict[str, Any]) -> None:
         """A cluster event record (Cluster.record): members joining, failing, leaving..."""
         self.hub.publish(member_topic(str(event.get("kind", ""))), dict(event))
+
+    def promoted(self, event: dict[str, Any]) -> None:
+        """A promotion changed (kovanex/agent/promotions.py wrote a note or moved an env)."""
+        self.hub.publish("promotion", event)
 
     def start(self) -> None:
         self._poller = asyncio.get_running_loop().create_task(self._poll_scale())

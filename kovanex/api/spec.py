@@ -17,6 +17,7 @@ DOC_PATH = Path(__file__).with_name("openapi.json")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 WAIT = r"^[0-9]{1,6}(ms|s|m)?$"
+VERSION = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"  # core/promotion.py's valid_version
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,35 @@ SCHEMAS: dict[str, Any] = {
         ("name", "scope", "state"),
     ),
     "Unit": obj({"index": I0, "user": S, "uid": I0, "path": S, "task": S}, ("index", "task")),
+    "Environment": obj(
+        {
+            "name": S,
+            "repo": S,
+            "label": S,
+            "from": arr(S),
+            "auto": B,
+            "nodes": arr(S),
+            "release": {"type": ["object", "null"]},
+            "waiting": arr(
+                obj(
+                    {"id": S, "version": S, "status": S, "by": S, "approvals": arr(S), "needs": I0},
+                    ("id", "status"),
+                )
+            ),
+            "errors": arr(S),
+        },
+        ("name", "nodes", "release", "waiting"),
+    ),
+    "PromotionReply": obj(
+        {"repo": S, "id": S, "message": S, "by": S}, ("repo", "id", "message", "by")
+    ),
     "Replication": obj({"repo": S, "owner": NULLABLE_S, "level": S}, ("repo",)),
 }
 
+REPO_Q = {"repo": {"type": "string", "pattern": ID}}
+REPO_B = obj({"repo": {"type": "string", "pattern": ID}}, extra=False)
+PROMO = "/v1/promotions/{env}/{version}"
+ENV = "/v1/environments/{env}"
 INDEX_Q = {"index": I0, "wait": {"type": "string", "pattern": WAIT}}
 TASK = "/v1/tasks/{repo}/{task}"
 # fmt: off
@@ -209,6 +236,33 @@ OPS: tuple[Op, ...] = (
        response=ref("Task"), write=True),
     Op("RetryTask", "POST", TASK + "/retry", "push",
        "Queue a failed or cancelled task again", "tasks", response=ref("Task"), write=True),
+    # -- environments and promotions (the service is kovanex/agent/promotions.py) ------
+    # `repo` may be left out where one repo on the node declares environments.
+    Op("ListEnvironments", "GET", "/v1/environments", "read",
+       "Each environment of a repo: its nodes, the release it holds, what waits",
+       "promotions", query=REPO_Q,
+       response=obj({"repo": S, "environments": arr(ref("Environment"))},
+                    ("repo", "environments"))),
+    Op("GetPromotion", "GET", PROMO, "read",
+       "One promotion's report: its notes, its status, the hops it opened", "promotions",
+       query=REPO_Q, response=obj({"id": S, "status": S, "live": B, "notes": arr(ANY_OBJ),
+                                   "next": arr(S)}, ("id", "status", "live", "notes"))),
+    Op("PromoteRelease", "POST", "/v1/promotions", "push",
+       "Promote a release into an environment; the requester is the token's name",
+       "promotions", body=obj({"repo": {"type": "string", "pattern": ID},
+                               "version": {"type": "string", "pattern": VERSION},
+                               "env": {"type": "string", "pattern": NAME}},
+                              ("version", "env"), extra=False),
+       response=ref("PromotionReply"), write=True),
+    Op("ApprovePromotion", "POST", PROMO + "/approve", "push",
+       "Approve a waiting promotion, signed by the token's name", "promotions",
+       body=REPO_B, response=ref("PromotionReply"), write=True),
+    Op("VerifyEnvironment", "POST", ENV + "/verify", "push",
+       "Re-run an environment's gates on the release it holds", "promotions",
+       body=REPO_B, response=ref("PromotionReply"), write=True),
+    Op("RollbackEnvironment", "POST", ENV + "/rollback", "push",
+       "Re-promote the last verified release before the current one", "promotions",
+       body=REPO_B, response=ref("PromotionReply"), write=True),
     # -- tokens --------------------------------------------------------------------------
     Op("ListTokens", "GET", "/v1/tokens", "admin", "Token records (never the secrets)",
        "tokens", response=obj({"tokens": arr(ref("Token"))}, ("tokens",))),
@@ -247,6 +301,8 @@ PATH_SCHEMAS = {
     "name": {"type": "string", "pattern": NAME},
     "repo": {"type": "string", "pattern": ID},
     "task": {"type": "string", "pattern": ID},
+    "env": {"type": "string", "pattern": NAME},
+    "version": {"type": "string", "pattern": VERSION},
     "index": {"type": "integer", "minimum": 0, "maximum": 4096},
 }
 

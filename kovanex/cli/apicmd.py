@@ -43,13 +43,22 @@ def client_for(layout: cfgmod.Layout, addr: str | None = None, token: str | None
     return c
 
 
-def api_call(layout: cfgmod.Layout, op_id: str, body: Any = None, **params: Any) -> Any:
-    """One operation on the local agent; a refusal or an absent agent is a CliError."""
+def api_call(
+    layout: cfgmod.Layout,
+    op_id: str,
+    body: Any = None,
+    *,
+    query: dict[str, Any] | None = None,
+    token: str | None = None,
+    **params: Any,
+) -> Any:
+    """One operation on the local agent (as `token` when given, else the node's secret);
+    a refusal or an absent agent is a CliError."""
     from kovanex.client import ApiError
 
-    c = client_for(layout)
+    c = client_for(layout, None, token)
     try:
-        return c.call(op_id, body, **params)
+        return c.call(op_id, body, query=query, **params)
     except ApiError as e:
         if e.status == 0:
             raise CliError(

@@ -1,8 +1,9 @@
 """`kovanex env list`, `kovanex promote VERSION --to ENV`, `kovanex approve PROMOTION`,
 `kovanex verify ENV`, `kovanex rollback ENV`: environments and promotions (ADR 0021).
 
-They ask the local agent (the repo's owner decides and writes), and who asks is the
-token's name (`--token` or $KOVANEX_TOKEN), or `local@<node>` for the node's own admin.
+They call the local agent's /v1 API (kovanex/api/promotions.py), which forwards writes
+to the repo's owner (it decides and writes), and who asks is the bearer token's name
+(`--token` or $KOVANEX_TOKEN), or `local@<node>` for the node's own cluster secret.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.agent import control
+from kovanex.cli.apicmd import api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 
 POLL_S = 0.3  # how often --follow asks the agent for new report lines (not synchronisation)
@@ -57,15 +58,12 @@ def _common(p: argparse.ArgumentParser, token: bool = True) -> None:
         p.add_argument("--timeout", type=float, default=600.0, help="stop following after S s")
 
 
-def _call(layout: cfgmod.Layout, op: str, **args: Any) -> Any:
-    try:
-        return control.call(layout.control_socket, op, timeout=30.0, **args)
-    except control.ControlError as e:
-        raise CliError(str(e)) from e
+def _repo(repo: str | None) -> dict[str, Any]:
+    return {"repo": repo} if repo else {}
 
 
 def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    envs = _call(layout, "env.list", repo=args.repo)
+    envs = api_call(layout, "ListEnvironments", query=_repo(args.repo))["environments"]
     if args.format == "json":
         emit_json(envs)
         return 0
@@ -88,8 +86,18 @@ def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 def cmd_request(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     token = getattr(args, "token", None) or os.environ.get("KOVANEX_TOKEN") or None
-    fields = {k: getattr(args, k) for k in ("version", "env", "id") if hasattr(args, k)}
-    res = _call(layout, f"env.{args.op}", repo=args.repo, token=token, **fields)
+    body = _repo(args.repo)
+    if args.op == "promote":
+        res = api_call(layout, "PromoteRelease", {**body, "version": args.version,
+                                                  "env": args.env}, token=token)  # fmt: skip
+    elif args.op == "approve":
+        env, _, version = args.id.partition("/")
+        if not env or not version:
+            raise CliError(f"{args.id!r} is not a promotion id; `kovanex env list` shows them")
+        res = api_call(layout, "ApprovePromotion", body, token=token, env=env, version=version)
+    else:
+        op = "VerifyEnvironment" if args.op == "verify" else "RollbackEnvironment"
+        res = api_call(layout, op, body, token=token, env=args.env)
     print(f"{res['message']} (as {res['by']})")
     if getattr(args, "no_wait", True) or not res.get("id"):
         return 0
@@ -103,7 +111,8 @@ def follow(layout: cfgmod.Layout, repo: str, pid: str, timeout: float) -> int:
     printed: set[str] = set()
     while todo:
         cur = todo[0]
-        rep = _call(layout, "env.report", repo=repo, id=cur)
+        env, _, version = cur.partition("/")
+        rep = api_call(layout, "GetPromotion", query={"repo": repo}, env=env, version=version)
         for n in rep["notes"]:
             if n["oid"] not in printed:
                 printed.add(n["oid"])

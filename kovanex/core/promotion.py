@@ -391,25 +391,36 @@ def handle(repo: Repo, req: Request, now: float) -> list[Effect]:
     e = repo.graph.env(env)
     if e is None:
         names = ", ".join(x.name for x in repo.graph.envs) or "none"
-        return [Refuse(f"no environment {env!r} (known: {names}); see `kovanex env list`")]
+        return [
+            Refuse(
+                f"no environment {env!r} (known: {names}); see `kovanex env list`", "unknown_env"
+            )
+        ]
     live = [p for p in repo.promotions.values() if p.env == env and p.status in LIVE]
     head = repo.head(env)
     if isinstance(req, VerifyReq):
         if head is None:
-            return [Refuse(f"{env} holds no release yet; promote one first")]
+            return [Refuse(f"{env} holds no release yet; promote one first", "no_release")]
         if any(p.version == head.version for p in live):
-            return [Refuse(f"{promotion_id(env, head.version)} is still in progress")]
+            return [
+                Refuse(f"{promotion_id(env, head.version)} is still in progress", "in_progress")
+            ]
         pid = promotion_id(env, head.version)
         rec = _open(repo, e, head.version, head.freight, req.by, VERIFY, head.born, env, now)
         return [rec, Reply(f"re-verifying {head.version} in {env}", pid)]
     if isinstance(req, RollbackReq):
         if head is None:
-            return [Refuse(f"{env} holds no release; there is nothing to roll back")]
+            return [Refuse(f"{env} holds no release; there is nothing to roll back", "no_release")]
         target = rollback_target(repo, env)
         if target is None:
-            return [Refuse(f"{env} has no verified release before {head.version}")]
+            return [Refuse(f"{env} has no verified release before {head.version}", "no_release")]
         if any(p.status in (DEPLOYING, VERIFYING) for p in live):
-            return [Refuse(f"a promotion into {env} is deploying; wait for it, then roll back")]
+            return [
+                Refuse(
+                    f"a promotion into {env} is deploying; wait for it, then roll back",
+                    "in_progress",
+                )
+            ]
         rec = _open(repo, e, target.version, target.freight, req.by, ROLLBACK,
                     target.born, env, now, rollback_of=head.version)  # fmt: skip
         pid = promotion_id(env, target.version)
@@ -422,7 +433,9 @@ def _promote(
 ) -> list[Effect]:
     pid = promotion_id(e.name, req.version)
     if not valid_version(req.version):
-        return [Refuse(f"{req.version!r} is not a usable version name ([A-Za-z0-9._+-])")]
+        return [
+            Refuse(f"{req.version!r} is not a usable version name ([A-Za-z0-9._+-])", "bad_version")
+        ]
     if any(p.version == req.version for p in live):
         p = repo.promotions[pid]
         return [Reply(f"{pid} is already {p.status}", pid)]
@@ -438,7 +451,8 @@ def _promote(
             return [
                 Refuse(
                     f"{req.version} is not the verified release of {', '.join(missing)}; "
-                    f"promote it there first: kovanex promote {req.version} --to {missing[0]}"
+                    f"promote it there first: kovanex promote {req.version} --to {missing[0]}",
+                    "no_release",
                 )
             ]
         source, freight, born = ok[0][0], ok[0][1].freight, ok[0][1].born
@@ -448,7 +462,8 @@ def _promote(
             return [
                 Refuse(
                     f"no release {req.version}: push the tag (git push origin {req.version}) "
-                    f"or promote/{req.version}"
+                    f"or promote/{req.version}",
+                    "no_release",
                 )
             ]
         freight, born = known[0], known[2]
@@ -459,21 +474,29 @@ def _promote(
 def _approve(repo: Repo, req: ApproveReq) -> list[Effect]:
     p = repo.promotions.get(req.promotion)
     if p is None:
-        return [Refuse(f"no promotion {req.promotion!r}; `kovanex env list` shows what waits")]
+        return [
+            Refuse(
+                f"no promotion {req.promotion!r}; `kovanex env list` shows what waits",
+                "unknown_promotion",
+            )
+        ]
     e = repo.graph.env(p.env)
     if e is None or p.status not in (GATING, WAITING):
-        return [Refuse(f"{p.id} is {p.status}; only a waiting promotion takes approvals")]
+        return [
+            Refuse(f"{p.id} is {p.status}; only a waiting promotion takes approvals", "not_waiting")
+        ]
     if not e.self_approval and req.by == p.by:
         return [
             Refuse(
                 f"{req.by} requested {p.id}; self-approval is off for {e.name} "
-                "(self_approval = false): another approver must approve"
+                "(self_approval = false): another approver must approve",
+                "self_approval",
             )
         ]
     if not e.may_approve(req.by):
-        return [Refuse(f"{req.by} may not approve promotions into {e.name}")]
+        return [Refuse(f"{req.by} may not approve promotions into {e.name}", "not_approver")]
     if req.by in p.approvals:
-        return [Refuse(f"{req.by} has already approved {p.id}")]
+        return [Refuse(f"{req.by} has already approved {p.id}", "already_approved")]
     n = len(set(p.approvals)) + 1
     note = Note(f"approved by {req.by} ({n} of {e.approvals})", "", ((T_APPROVED, req.by),))
     return [Record(p.env, p.version, (note,), p.tip), Reply(f"{p.id}: approved by {req.by}", p.id)]

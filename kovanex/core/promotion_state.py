@@ -362,6 +362,7 @@ class MoveEnv:
 @dataclass(frozen=True, slots=True)
 class Refuse:
     reason: str
+    code: str = "refused"  # what an API maps to a status and a field (kovanex/api/promotions.py)
 
 
 @dataclass(frozen=True, slots=True)
