@@ -206,7 +206,11 @@ def test_environments_list_the_env_branches_of_the_repos_here(agent: dict[str, A
     status, _, body = request(
         agent["port"], "POST", "/ui/envs/shop/prod/rollback", f"csrf={csrf_of(page)}", hdr
     )
-    assert b"RollbackEnvironment is not served by this agent" in body
+    # the action reached the API's RollbackEnvironment, which refuses: shop declares no envs
+    assert b'class="err"' in body and b"no environments" in body
+    for path in ("/ui/envs/shop/promotion/prod/v7/approve", "/ui/envs/shop/env/prod/approve"):
+        _, _, body = request(agent["port"], "POST", path, f"csrf={csrf_of(page)}", hdr)
+        assert b'class="err"' in body  # ApprovePromotion's refusal, or a malformed branch
     reader = login_cookie(agent["port"], agent["reader"])
     _, _, page = request(agent["port"], "GET", "/ui/envs", headers={"Cookie": reader})
     assert b"env/prod" in page and b"/rollback" not in page  # read scope: no button

@@ -261,14 +261,18 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
 
 
 async def env_action(page: Page, m: re.Match[str], form: Query) -> str:
-    """Approve / roll back through the API's promotion operations, where this agent has them."""
-    op = {"approve": "ApprovePromotion", "rollback": "RollbackEnvironment"}[m.group("verb")]
-    route = next((r for r in page.api.router.routes if r.op.op_id == op), None)
-    if route is None:
-        raise UiError(501, f"{op} is not served by this agent (no promotion API here yet)")
-    path = route.op.path.replace("{repo}", m.group("repo")).replace("{env}", m.group("ref"))
-    d: Any = await page.api.call(route.op.method, path, {})
-    return f"{op}: {d}"
+    """Approve / roll back through the API's promotion operations (ApprovePromotion,
+    RollbackEnvironment): the same scopes, the token's name as the approver."""
+    repo, ref = m.group("repo"), m.group("ref")
+    if m.group("verb") == "approve":
+        parts = ref.split("/")  # promotion/<env>/<version>, the promotion's branch
+        if len(parts) != 3 or parts[0] != "promotion":
+            raise UiError(400, f"{ref!r} is not a promotion/<env>/<version> branch")
+        op, path = "ApprovePromotion", f"/v1/promotions/{parts[1]}/{parts[2]}/approve"
+    else:
+        op, path = "RollbackEnvironment", f"/v1/environments/{ref}/rollback"
+    d: Any = await page.api.call("POST", path, {"repo": repo})
+    return f"{op}: {d.get('message') or d}"
 
 
 NAME = r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,62})"
