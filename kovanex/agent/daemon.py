@@ -180,6 +180,9 @@ class Agent:
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
             self.metrics.leader_term = lambda: self.coord.summary()["term"] or None
+            self.promotions.term = lambda: (
+                int(self.coord.summary()["term"]) if self.coord.can_place() else None
+            )
             self.coord.on_halt = self.consistent.halt
             self.coord.on_resume = self.consistent.resume
             self.coord.record = self.cluster.record

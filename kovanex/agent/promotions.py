@@ -90,6 +90,8 @@ class Promotions:
         self.repos = repos
         self.replicas = replicas
         self.changed = changed  # the dispatcher: schedule a task / announce moved refs
+        # the leader's term when coordination is on (None: no quorum), 0 on gossip (wired)
+        self.term: Callable[[], int | None] = lambda: 0
         self.members = members
         self.on_change: Callable[[dict[str, Any]], None] = lambda event: None  # the API's feed
         self.seen: dict[tuple[str, str], float] = {}  # (repo, version) -> first seen
@@ -212,13 +214,14 @@ class Promotions:
         store = self._store(repo)
         owner = self.replicas.owner_of(repo)
         epoch = owner[2] if owner else 0
-        held = releases.owner_epoch_of(store, eff.env)
-        if epoch < held:
-            log.warning(
-                "env/%s carries owner epoch %d > ours %d: standing down", eff.env, held, epoch
-            )
+        term = self.term()
+        why = pcore.stand_down(
+            epoch, releases.owner_epoch_of(store, eff.env), term, releases.term_of(store, eff.env)
+        )
+        if why is not None:
+            log.warning("env/%s not moved: %s", eff.env, why)
             return False
-        env_oid = releases.env_commit(store, eff, author, epoch, now)
+        env_oid = releases.env_commit(store, eff, author, epoch, now, term or 0)
         note_oid = releases.note_commits(store, eff.record, author, now)
         moves = [
             (refs.env_ref(eff.env), env_oid, eff.expected_env),

@@ -500,3 +500,15 @@ def _approve(repo: Repo, req: ApproveReq) -> list[Effect]:
     n = len(set(p.approvals)) + 1
     note = Note(f"approved by {req.by} ({n} of {e.approvals})", "", ((T_APPROVED, req.by),))
     return [Record(p.env, p.version, (note,), p.tip), Reply(f"{p.id}: approved by {req.by}", p.id)]
+
+
+def stand_down(epoch: int, held_epoch: int, term: int | None, held_term: int) -> str | None:
+    """Why this writer must not move an env, or None. `term` is None while coordination is
+    on and there is no quorum (nothing moves then), else the leader's term (0: gossip)."""
+    if epoch < held_epoch:
+        return f"the env carries owner epoch {held_epoch} > ours {epoch}"
+    if term is None:
+        return "no quorum: a release waits for the leader's term"
+    if term < held_term:
+        return f"the env was moved under leader term {held_term} > ours {term}"
+    return None

@@ -24,6 +24,7 @@ from kovanex.gitstate.store import EMPTY_TREE
 from kovanex.spec import SPEC_PATH, SpecError
 
 T_OWNER_EPOCH = "Kovanex-Owner-Epoch"
+T_TERM = "Kovanex-Term"  # the leader's term, when coordination is on (ADR 0021, 0026)
 
 
 def config_commit(store: Pygit2Store) -> str | None:
@@ -80,10 +81,19 @@ def read_history(store: Pygit2Store, env: str, limit: int = 200) -> tuple[ps.Rel
 
 
 def owner_epoch_of(store: Pygit2Store, env: str) -> int:
+    return _tip_number(store, env, T_OWNER_EPOCH)
+
+
+def term_of(store: Pygit2Store, env: str) -> int:
+    """The leader term the env's newest release was moved under (0: none)."""
+    return _tip_number(store, env, T_TERM)
+
+
+def _tip_number(store: Pygit2Store, env: str, key: str) -> int:
     tip = store.get_ref(refs.env_ref(env))
     if tip is None:
         return 0
-    return int(trailers.trailer_dict(store.read_commit(tip).message).get(T_OWNER_EPOCH, "0") or 0)
+    return int(trailers.trailer_dict(store.read_commit(tip).message).get(key, "0") or 0)
 
 
 def read_promotions(store: Pygit2Store) -> dict[str, ps.Promotion]:
@@ -159,10 +169,17 @@ def note_commits(
 
 
 def env_commit(
-    store: Pygit2Store, move: ps.MoveEnv, author: tuple[str, str], epoch: int, now: float
+    store: Pygit2Store,
+    move: ps.MoveEnv,
+    author: tuple[str, str],
+    epoch: int,
+    now: float,
+    term: int = 0,
 ) -> str:
     tree = store.read_commit(move.freight).tree
     trs = [*move.trailers, (T_OWNER_EPOCH, str(epoch))]
+    if term:
+        trs.append((T_TERM, str(term)))
     what = "rollback to" if any(k == ps.T_ROLLBACK_OF for k, _ in trs) else "release"
     msg = trailers.build_message(f"{what} {move.version} into {move.env}", trs)
     parents = [move.expected_env] if move.expected_env else []
