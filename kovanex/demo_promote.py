@@ -39,7 +39,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     n1 = tmp / "n1"
     token = str(n1 / "secrets" / "cluster.token")
     seed = json.loads(kx("members", "--format", "json", data=n1, quiet=True))[0]["addr"]
-    say("13. environments are labels on nodes: a staging node and a prod node join")
+    say("15. environments are labels on nodes: a staging node and a prod node join")
     for name, env in (("n4", "staging"), ("n5", "prod")):
         d = tmp / name
         kx("init", "--name", name, "--labels", f"env={env}", "--bind", "127.0.0.1:0",
@@ -57,7 +57,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     run(["git", "checkout", "-q", "-B", "main"], cwd=clone, quiet=True)
     run(["git", "rm", "-rfq", "--ignore-unmatch", "."], cwd=clone, quiet=True)
     say(
-        "14. .kovanex/environments.toml on main: dev → staging (auto, two gates) → prod (1 approval)"
+        "16. .kovanex/environments.toml on main: dev → staging (auto, two gates) → prod (1 approval)"
     )
     (clone / ".kovanex" / "gates").mkdir(parents=True, exist_ok=True)
     (clone / ".kovanex" / "environments.toml").write_text(ENVIRONMENTS)
@@ -67,11 +67,11 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     run(["git", "add", "-A"], cwd=clone, quiet=True)
     run(["git", "commit", "-q", "-m", "environments: dev → staging → prod"], cwd=clone, quiet=True)
     run(["git", "push", "-q", "origin", "main"], cwd=clone)
-    say("15. push the release tag: each gate runs as a task on a node of its environment")
+    say("17. push the release tag: each gate runs as a task on a node of its environment")
     run(["git", "tag", "v1"], cwd=clone, quiet=True)
     run(["git", "push", "origin", "v1"], cwd=clone)
     kx("env", "list", data=n1)
-    say("16. prod is not automatic: promote, then a release manager approves")
+    say("18. prod is not automatic: promote, then a release manager approves")
     kx("promote", "v1", "--to", "prod", "--no-wait", data=n1)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not _prod_waits(n1):
@@ -85,7 +85,7 @@ def run_story(tmp: Path, nodes: list[Path]) -> None:
     finally:
         del os.environ["KOVANEX_TOKEN"]
     kx("env", "list", data=n1)
-    say("17. git log env/prod is the release history; a push to it is refused")
+    say("19. git log env/prod is the release history; a push to it is refused")
     run(["git", "fetch", "-q", "origin"], cwd=clone, quiet=True)
     run(["git", "log", "origin/env/prod"], cwd=clone)
     run(["git", "push", "--force", "origin", "HEAD:env/prod"], cwd=clone, check=False)
