@@ -72,6 +72,24 @@ def text(drv: Any, css: str) -> str:
     )
 
 
+def fresh(fn: Any, what: str, timeout: float = 10) -> Any:
+    """Run `fn` until no element it touched was swapped out by a live refresh meanwhile
+    (htmx re-renders live blocks every second), and it returns something truthy."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def attempt() -> Any:
+        try:
+            return fn()
+        except StaleElementReferenceException:
+            return None
+
+    return wait_for(attempt, timeout, what)
+
+
+def click(drv: Any, css: str) -> None:
+    fresh(lambda: drv.find_element(*by(css)).click() or True, f"a fresh {css} clicked")
+
+
 def node_status(drv: Any) -> dict[str, str]:
     """data-node → data-status of the graph's nodes, read in one script (see `text`)."""
     return drv.execute_script(
@@ -126,9 +144,9 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     assert all(n in rows for n in NAMES)
     drv.save_screenshot(str(shots / "cluster.png"))
 
-    drv.find_element(*by("svg a.node[data-node=wu1]")).click()
+    click(drv, "svg a.node[data-node=wu1]")
     wait_for(lambda: drv.find_elements(*by("#units")), 10, "wu1's node page")
-    assert "Node wu1" in drv.find_element(*by("h1")).text
+    fresh(lambda: "Node wu1" in drv.find_element(*by("h1")).text, "the node page's heading")
     assert drv.find_elements(*by("button#cordon")) and drv.find_elements(*by("button#drain"))
     drv.save_screenshot(str(shots / "node.png"))
     drv.get(cluster["base"] + "/ui/nodes/wu2")  # another node: its units, asked of wu2 itself
@@ -139,19 +157,23 @@ def test_health_view_has_a_heatmap_and_score_per_node(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
     drv.get(cluster["base"] + "/ui/health")
-    wait_for(
+    fresh(
         lambda: (
             {e.get_attribute("data-node") for e in drv.find_elements(*by("article.health"))}
             == set(NAMES)
         ),
-        30,
         "a health report from every node",
+        30,
     )
-    local = drv.find_element(*by("article.health[data-node=wu1]"))
-    cells = local.find_elements(*by("svg.heatmap rect"))
-    rows = local.find_elements(*by("svg.heatmap text.metric"))
-    assert len(rows) >= 2 and len(cells) >= len(rows)  # metric × time
-    assert float(local.find_element(*by(".score")).text) >= 0
+
+    def heatmap() -> tuple[int, int, float]:
+        local = drv.find_element(*by("article.health[data-node=wu1]"))
+        cells = local.find_elements(*by("svg.heatmap rect"))
+        rows = local.find_elements(*by("svg.heatmap text.metric"))
+        return len(rows), len(cells), float(local.find_element(*by(".score")).text)
+
+    rows, cells, score = fresh(heatmap, "wu1's heatmap")
+    assert rows >= 2 and cells >= rows and score >= 0  # metric × time
     drv.save_screenshot(str(shots / "health.png"))
 
 
@@ -159,7 +181,10 @@ def test_environments_view_shows_the_promotion_path(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
     drv.get(cluster["base"] + "/ui/envs")
-    envs = [r.text.split()[0] for r in drv.find_elements(*by("#envs tbody tr"))]
+    envs = fresh(
+        lambda: [r.text.split()[0] for r in drv.find_elements(*by("#envs tbody tr"))],
+        "the environments table",
+    )
     assert envs == ["dev", "staging", "prod"]
     assert "dev → staging → prod" in drv.page_source
     drv.save_screenshot(str(shots / "envs.png"))
@@ -192,7 +217,7 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
     assert "placed" in text(drv, "#timeline") and "score:" in text(drv, "#timeline")
     drv.save_screenshot(str(shots / "task.png"))
     mark_page(drv)
-    drv.find_element(*by("button#cancel")).click()
+    click(drv, "button#cancel")
     wait_for(lambda: _alert(drv), 10, "the confirmation dialog").accept()
     wait_for(
         lambda: text(drv, "#task p [data-state]") == "cancelled", 30, "cancelled, live on the page"
