@@ -85,14 +85,26 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 # -- processes the bench started: stopped however the bench ends -------------------------
 _SPAWNED: list[subprocess.Popen] = []
+_spawning = False
+_pending: list[int] = []
 STOP_GRACE_S = 10.0
 
 
 def spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
     """Start a process in its own session (so its children can be killed with it) and
-    remember it; `install_cleanup` stops it whatever way the bench ends."""
-    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
-    _SPAWNED.append(proc)
+    remember it; `install_cleanup` stops it whatever way the bench ends. A SIGTERM or
+    SIGINT that lands inside `Popen` waits until the process is remembered: handled
+    there, it would leave a started child that cleanup never sees (a CI run caught it).
+    (Not `pthread_sigmask`: a child inherits the mask and would ignore our SIGTERM.)"""
+    global _spawning
+    _spawning = True
+    try:
+        proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+        _SPAWNED.append(proc)
+    finally:
+        _spawning = False
+    if _pending:
+        _on_signal(_pending.pop(), None)
     return proc
 
 
@@ -120,6 +132,9 @@ def cleanup() -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    if _spawning:
+        _pending.append(signum)
+        return
     cleanup()
     raise SystemExit(128 + signum)
 

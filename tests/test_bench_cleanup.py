@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -53,3 +54,31 @@ def test_a_signalled_bench_leaves_no_agent_running(sig: signal.Signals) -> None:
         for pid in agents:
             if not process_gone(pid):
                 psutil.Process(pid).kill()
+
+
+def test_a_signal_that_lands_inside_popen_still_stops_the_child(monkeypatch) -> None:
+    """The CI failure: the signal came while `Popen` was returning, before the bench had
+    remembered the agent, so cleanup never stopped it."""
+    from bench import common
+
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def popen_then_signalled(*a, **kw):
+        proc = real(*a, **kw)
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before this call returns
+        return proc
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(common.subprocess, "Popen", popen_then_signalled)
+    try:
+        for s in saved:
+            signal.signal(s, common._on_signal)
+        with pytest.raises(SystemExit) as exit_:
+            common.spawn(["sleep", "60"])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    assert started and started[0].poll() is not None, "the child outlived the bench's cleanup"
