@@ -9,23 +9,9 @@ import time
 from pathlib import Path
 
 from kovanex.demo import kx, run, say
+from kovanex.testing import dev_staging_prod
 
-ENVIRONMENTS = """\
-[[environments]]
-name = "dev"
-
-[[environments]]
-name = "staging"
-from = "dev"
-auto = true
-gates = [{ name = "unit_tests", run = "grep -q ok app.txt" }, { name = "security_scan", spec = ".kovanex/gates/scan.toml" }]
-
-[[environments]]
-name = "prod"
-from = "staging"
-approvals = 1
-gates = [{ name = "integration", run = "test -s app.txt" }]
-"""
+ENVIRONMENTS = dev_staging_prod("grep -q ok app.txt", "test -s app.txt", dev_gated=False)
 SCAN = '[[steps]]\nname = "scan"\nrun = "! grep -q PRIVATE-KEY app.txt"\n'
 
 

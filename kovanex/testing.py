@@ -185,3 +185,50 @@ def sim_cluster(
     d = Driver(Scenario(seed, names, lab, plans, [], [], loss))
     d.w.step_ok = step_ok
     return d
+
+
+# -- release chains (`.kovanex/environments.toml`) for the promotion tests and the demo --
+
+
+def gate(name: str, run: str = "", spec: str = "") -> dict[str, str]:
+    """One gate of an environment: a shell command, or a task spec in the repo."""
+    return {"name": name, "run": run} if run else {"name": name, "spec": spec}
+
+
+SCAN_GATE = gate("security_scan", spec=".kovanex/gates/scan.toml")
+
+
+def environment(name: str, after: str = "", *, gates: Any = (), **settings: Any) -> dict:
+    """One `[[environments]]` table: `after` is its `from`, `settings` the rest
+    (auto, approvals, self_approval, rollback, deploy...)."""
+    env: dict[str, Any] = {"name": name} | ({"from": after} if after else {})
+    return env | settings | ({"gates": list(gates)} if gates else {})
+
+
+def environments_toml(*envs: dict[str, Any]) -> str:
+    """The file's text, so each test states only what its chain is, not its TOML."""
+    from kovanex.config import _scalar
+
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return _scalar(v)
+
+    tables = ["[[environments]]\n" + "".join(f"{k} = {value(v)}\n" for k, v in e.items())
+              for e in envs]  # fmt: skip
+    return "\n".join(tables)
+
+
+def dev_staging_prod(check: str, integration: str, *, dev_gated: bool = True, **prod: Any) -> str:
+    """The seed's chain: dev → staging (automatic; `check` and the security scan) → prod
+    (one approval; the integration gate). `prod` adds settings such as self_approval."""
+    unit = gate("unit_tests", check)
+    return environments_toml(
+        environment("dev", gates=[unit] if dev_gated else []),
+        environment("staging", "dev", auto=True, gates=[unit, SCAN_GATE]),
+        environment(
+            "prod", "staging", approvals=1, **prod, gates=[gate("integration", integration)]
+        ),  # fmt: skip
+    )

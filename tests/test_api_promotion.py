@@ -14,22 +14,16 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex.client import ApiError, Client
+from kovanex.testing import environment, environments_toml, gate
 from tests.agentkit import Node, git, trailers_of, wait_for
 from tests.test_api_cluster import bind_of
-from tests.test_e2e_promotion import _url
+from tests.test_e2e_promotion import setup_repo
 
 NAMES = {"p1": "prod", "p2": "dev"}  # node names of our own: the units lock keys on them
-ENVS = """
-[[environments]]
-name = "dev"
-gates = [{ name = "unit_tests", run = "test -f app.txt" }]
-
-[[environments]]
-name = "prod"
-from = "dev"
-approvals = 1
-self_approval = false
-"""
+ENVS = environments_toml(
+    environment("dev", gates=[gate("unit_tests", "test -f app.txt")]),
+    environment("prod", "dev", approvals=1, self_approval=False),
+)
 
 
 def http_of(node: Node) -> str:
@@ -78,16 +72,7 @@ def _envs(c: Client) -> dict[str, dict[str, Any]]:
 def test_promotions_over_the_api(cluster: dict[str, Any]) -> None:
     c = cluster
     owner, alice, bob, rita = c["owner"], c["users"]["alice"], c["users"]["bob"], c["users"]["rita"]
-    owner.kx("repo", "create", "store")
-    clone = c["root"] / "clone"
-    git("clone", "-q", _url(owner, "store", c["tokens"]["alice"]), str(clone))
-    git("checkout", "-q", "-b", "main", cwd=clone)
-    (clone / ".kovanex").mkdir()
-    (clone / ".kovanex" / "environments.toml").write_text(ENVS)
-    (clone / "app.txt").write_text("hello\n")
-    git("add", "-A", cwd=clone)
-    git("commit", "-qm", "environments", cwd=clone)
-    git("push", "-q", "origin", "main", cwd=clone)
+    clone = setup_repo(c, "store", ENVS, {"app.txt": "hello\n"})
 
     # every promotion event from here on, on the owner's stream (its service writes them)
     seen: list[dict[str, Any]] = []

@@ -40,6 +40,19 @@ def layout(node: Node) -> cfgmod.Layout:
     return cfgmod.Layout(node.data)
 
 
+# A first probe falls at a random point of the first interval: a day makes it miss a test.
+NEVER_PROBE = "probe_interval = 86400.0\n"
+
+
+def never_probe(*nodes: Node, overrides: str = "") -> None:
+    """Nobody of `nodes` ever probes, so a member stopped with SIGSTOP stays alive on
+    gossip: the case of a wedged node that the failure detector has not caught yet. Every
+    member that could probe it needs this; one that does marks it suspect in seconds."""
+    for n in nodes:
+        cfg = n.data / "kovanex.toml"
+        cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\n" + overrides + NEVER_PROBE)
+
+
 @pytest.mark.slow
 def test_a_node_without_the_key_never_joins_is_never_placed_on_and_sees_nobody(
     tmp_path: Path,
@@ -225,10 +238,8 @@ def test_a_wedged_runner_loses_the_task_at_the_placement_deadline(tmp_path: Path
     """The runner is alive on gossip (nobody probed it yet) but stopped: it never starts
     the lease. The owner requeues it at its 2 s deadline, says so, and skips that node."""
     st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
-    cfg = st.data / "kovanex.toml"
-    cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\nplacement_deadline = 2.0\n")
-    # probe rarely, so the stopped runner still looks alive when the task is placed
-    cfg.write_text(cfg.read_text() + "probe_interval = 120.0\n")
+    # the stopped runner must still look alive when the task is placed
+    never_probe(st, overrides="placement_deadline = 2.0\n")
     value = layout(st).token_file.read_text().strip()
     r1 = Node(tmp_path, "r1", "--role", "runner", "--profile", "local", "--token", value)
     try:
@@ -259,12 +270,12 @@ def test_a_stalled_server_costs_one_short_wait_and_the_owner_places(tmp_path: Pa
     """The server is alive on gossip (nobody probed it yet) but stopped: the owner's ask
     times out after 2 s, it places locally and says so, and the task runs."""
     st = Node(tmp_path, "st", "--role", "storage", "--profile", "local")
-    cfg = st.data / "kovanex.toml"
-    # probe rarely, so the stopped server still looks alive when the task is placed
-    cfg.write_text(cfg.read_text() + "\n[gossip.overrides]\nprobe_interval = 120.0\n")
     value = layout(st).token_file.read_text().strip()
     srv = Node(tmp_path, "srv", "--role", "server", "--profile", "local", "--token", value)
     r1 = Node(tmp_path, "r1", "--role", "runner", "--profile", "local", "--token", value)
+    # the stopped server must still look alive when the task is placed: r1 probed it too
+    # (a 1 s interval), and one failed probe made it suspect, so st placed without asking
+    never_probe(st, srv, r1)
     try:
         st.start()
         srv.start("--join", bind_of(st))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from kovanex.testing import dev_staging_prod, environment, environments_toml, gate
 from tests.agentkit import Node, git, trailers_of, wait_for
 
 TOKEN = "t0ken-for-promotion-tests"
@@ -103,24 +104,7 @@ def log_of(c: dict[str, Any], repo: str, ref: str) -> list[dict[str, str]]:
     return trailers_of(c["owner"].repo(repo), ref)
 
 
-BASIC = """
-[[environments]]
-name = "dev"
-gates = [{ name = "unit_tests", run = "test -f app.txt" }]
-
-[[environments]]
-name = "staging"
-from = "dev"
-auto = true
-gates = [{ name = "unit_tests", run = "test -f app.txt" }, { name = "security_scan", spec = ".kovanex/gates/scan.toml" }]
-
-[[environments]]
-name = "prod"
-from = "staging"
-approvals = 1
-self_approval = false
-gates = [{ name = "integration", run = "grep -q hello app.txt" }]
-"""
+BASIC = dev_staging_prod("test -f app.txt", "grep -q hello app.txt", self_approval=False)
 SCAN = '[[steps]]\nname = "scan"\nrun = "! grep -q SECRET app.txt"\n'
 
 
@@ -208,16 +192,10 @@ def test_a_failing_gate_stops_the_release(cluster: dict[str, Any]) -> None:
     assert git("ls-remote", "origin", "env/staging", cwd=clone).stdout == ""
 
 
-RACE = """
-[[environments]]
-name = "dev"
-gates = [{ name = "slow", run = "sleep 1; test -f app.txt" }]
-
-[[environments]]
-name = "staging"
-from = "dev"
-auto = true
-"""
+RACE = environments_toml(
+    environment("dev", gates=[gate("slow", "sleep 1; test -f app.txt")]),
+    environment("staging", "dev", auto=True),
+)
 
 
 def test_two_racing_promotions_are_queued_never_interleaved(cluster: dict[str, Any]) -> None:
@@ -264,12 +242,9 @@ def test_two_racing_promotions_are_queued_never_interleaved(cluster: dict[str, A
         assert sup and sup[0]["Kovanex-Superseded-By"] == winner
 
 
-ROLLBACK = """
-[[environments]]
-name = "dev"
-rollback = "auto"
-deploy = { run = "test ! -f broken" }
-"""
+ROLLBACK = environments_toml(
+    environment("dev", rollback="auto", deploy={"run": "test ! -f broken"})
+)
 
 
 def test_a_failed_deploy_rolls_back_by_itself(cluster: dict[str, Any]) -> None:

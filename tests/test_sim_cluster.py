@@ -11,18 +11,28 @@ import pytest
 from kovanex.sim.__main__ import main
 from kovanex.sim.run import simulate
 from tests.conftest import seeds
+from tests.simkit import sweep
 
-# ~30 s on the 2-core box before the lease model, which adds ~30 % (ADR 0029);
-# the soak test runs 10,000
+# ~40 s in one process on the 2-core box with the lease model (ADR 0029), which every
+# seed runs: issue 12 asks `make test` for >= 500 lease seeds, issue 10 for >= 200 cluster
+# seeds. The seeds run on every core (tests/simkit.py); the soak test runs 10,000.
 SWEEP = 500
+SECOND_MODEL = 60
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[int, str | None]:
+    return sweep(seeds(SWEEP))
+
+
+@pytest.fixture(scope="module")
+def replication_verdicts() -> dict[int, str | None]:
+    return sweep(seeds(SECOND_MODEL), ownership="replication")
 
 
 @pytest.mark.parametrize("seed", seeds(SWEEP))
-def test_every_invariant_holds_for_the_seed(seed: int) -> None:
-    r = simulate(seed)
-    assert r.ok, "\n".join(
-        [r.scenario.describe(), *r.violations, f"replay: python -m kovanex.sim --seed {seed} --log"]
-    )
+def test_every_invariant_holds_for_the_seed(seed: int, verdicts: dict[int, str | None]) -> None:
+    assert verdicts[seed] is None, verdicts[seed]
 
 
 def _async_split_brain_seed(limit: int = 100) -> int | None:
@@ -72,14 +82,13 @@ def test_soak_ten_thousand_seeds() -> None:
     assert not bad, "\n".join(f"KOVANEX_SEED={r.seed}: {r.violations[:3]}" for r in bad[:20])
 
 
-@pytest.mark.parametrize("seed", seeds(60))
-def test_the_second_ownership_model_keeps_every_invariant(seed: int) -> None:
+@pytest.mark.parametrize("seed", seeds(SECOND_MODEL))
+def test_the_second_ownership_model_keeps_every_invariant(
+    seed: int, replication_verdicts: dict[int, str | None]
+) -> None:
     """The same scenarios with ownership by ADR 0007's rules applied directly through
     core/replication.py: a second model the decider is compared against."""
-    r = simulate(seed, ownership="replication")
-    assert r.ok, "\n".join(
-        [*r.violations, f"replay: python -m kovanex.sim --seed {seed} --ownership replication"]
-    )
+    assert replication_verdicts[seed] is None, replication_verdicts[seed]
 
 
 def test_split_takeover_seeds_agree_on_one_owner() -> None:
