@@ -28,6 +28,12 @@ def seeds(n: int = 5) -> list[int]:
     return list(range(1, n + 1))
 
 
+def volume(always: int, soak: int) -> int:
+    """How many examples or seeds: enough in `make test` that every property is checked,
+    the full volume under KOVANEX_SOAK=1 (the soak marker's sweeps)."""
+    return soak if os.environ.get("KOVANEX_SOAK") else always
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -33,9 +33,11 @@ timeout_s = 60
 """
 
 
-@pytest.fixture
-def node(tmp_path: Path):
-    n = Node(tmp_path, "api-n1", "--labels", "env=dev")
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):
+    """One agent for the module: each test makes its own tokens and tasks (distinct
+    names), and the one that cordons the node lifts it again."""
+    n = Node(tmp_path_factory.mktemp("api"), "api-n1", "--labels", "env=dev")
     n.start()
     yield n
     n.stop()
@@ -170,6 +172,7 @@ def test_task_ops_events_and_blocking_query(node: Node, tmp_path: Path) -> None:
         c.call("CancelTask", repo="demo", task="t2")
     assert e.value.status == 409
     assert c.call("RetryTask", repo="demo", task="t2")["state"] == "queued"
+    c.call("CancelTask", {"reason": "leave the shared agent idle"}, repo="demo", task="t2")
     with pytest.raises(ApiError) as e:
         c.call("GetTask", repo="demo", task="nope")
     assert e.value.status == 404 and e.value.field == "path.task"

@@ -1,5 +1,10 @@
 """Issue 3 with real agents on loopback: join, kill -9, declared dead everywhere,
-restart and rejoin, and a gossip key rotated mid-run with nobody declared dead."""
+restart and rejoin, and a gossip key rotated mid-run with nobody declared dead.
+
+Four agents, not eight: every step still needs gossip to spread through nodes that are
+neither its source nor its target (the victim's death reaches three observers, a
+capability travels from n1 to n3), and the eight-process run of the same story
+(tests/test_gossip_process.py) covers the larger cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import pytest
 
 from tests.agentkit import Node, kx, wait_for
 
-N = 8
+N = 4
 
 
 def statuses(node: Node) -> dict[str, str]:
@@ -19,7 +24,7 @@ def statuses(node: Node) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_eight_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
+def test_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
     k1 = kx("keygen").stdout.strip()
     k2 = kx("keygen").stdout.strip()
     nodes = [
@@ -39,20 +44,20 @@ def test_eight_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
                 {k for k, v in statuses(o).items() if v == "alive"} >= expect for o in observers
             )
 
-        wait_for(lambda: all_alive(nodes, names), 60, "all 8 agents to see each other alive")
+        wait_for(lambda: all_alive(nodes, names), 60, f"all {N} agents to see each other alive")
         only = json.loads(seed.kx("members", "--label", "idx=3", "--format", "json").stdout)
         assert [m["name"] for m in only] == ["n3"]
 
-        victim = nodes[5]
+        victim = nodes[2]
         victim.kill9()
         others = [n for n in nodes if n is not victim]
         wait_for(
-            lambda: all(statuses(o).get("n5") == "dead" for o in others),
+            lambda: all(statuses(o).get(victim.name) == "dead" for o in others),
             60,
-            "n5 declared dead on every node",
+            "the victim declared dead on every node",
         )
         victim.start()  # same name, new gossip port is fine; here the same port is reused
-        wait_for(lambda: all_alive(nodes, names), 60, "n5 to rejoin as alive everywhere")
+        wait_for(lambda: all_alive(nodes, names), 60, "the victim to rejoin as alive everywhere")
 
         # rotate the gossip key: install everywhere, use everywhere, remove the old one
         for step in (("--install", k2), ("--use", k2), ("--remove", k1)):
@@ -61,7 +66,7 @@ def test_eight_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
         keys = json.loads(seed.kx("keys", "--list", "--format", "json").stdout)
         assert keys["keys"] == [k2] and keys["primary"] == k2
         # gossip still flows under the new key: a fresh meta change propagates ...
-        nodes[2].kx(
+        nodes[1].kx(
             "module",
             "register",
             "--name",
@@ -75,10 +80,10 @@ def test_eight_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
         )
 
         def sees_cap() -> bool:
-            ms = json.loads(nodes[7].kx("members", "--format", "json").stdout)
-            return "sast" in next(m for m in ms if m["name"] == "n2")["capabilities"]
+            ms = json.loads(nodes[3].kx("members", "--format", "json").stdout)
+            return "sast" in next(m for m in ms if m["name"] == "n1")["capabilities"]
 
-        wait_for(sees_cap, 30, "a capability published after rotation to reach n7")
+        wait_for(sees_cap, 30, "a capability published after rotation to reach n3")
         # ... and nobody was declared failed during the rotation
         assert all_alive(nodes, names)
         events = seed.kx("monitor", "--count", "1", "--since", "0", "--format", "json").stdout

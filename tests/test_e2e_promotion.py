@@ -217,16 +217,25 @@ def test_two_racing_promotions_are_queued_never_interleaved(cluster: dict[str, A
         for v in ("v1", "v2")
     ]
     for pr in procs:
-        assert pr.wait(120) == 0
-    # "newer" is the order the releases reached the owner (Kovanex-Born): with two pushes
-    # at once either may be the newer one, and that one must end up in both environments
-    wait_for(
-        lambda: settled(c, "race") and held(c, "race", "staging") == held(c, "race", "dev"),
-        90,
-        "race settled",
-    )
-    winner = held(c, "race", "dev")
-    loser = {"v1": "v2", "v2": "v1"}[winner or "v1"]
+        _, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0, err.decode(errors="replace")
+
+    def over() -> dict[str, Any] | None:
+        """One `env list` (one snapshot of the owner's refs, where three calls would be
+        three): both releases' dev promotions exist, none is live in either environment,
+        and staging holds what dev holds."""
+        out = git("for-each-ref", "--format=%(refname)", "refs/heads/promotion/dev/", cwd=repo)
+        if {r.rsplit("/", 1)[1] for r in out.stdout.split()} != {"v1", "v2"}:
+            return None
+        e = envs(c, "race")
+        dev, staging = e["dev"], e["staging"]
+        if dev["waiting"] or staging["waiting"] or None in (dev["release"], staging["release"]):
+            return None
+        return e if dev["release"]["version"] == staging["release"]["version"] else None
+
+    repo = c["owner"].repo("race")
+    winner = wait_for(over, 90, "race settled")["dev"]["release"]["version"]
+    loser = {"v1": "v2", "v2": "v1"}[winner]
     for env_name in ("dev", "staging"):
         hist = log_of(c, "race", f"env/{env_name}")
         assert hist[0]["Kovanex-Version"] == winner

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kovanex.core.gossip_msgs import encoded_size
 from kovanex.core.wiresize import msgpack_size
 from kovanex.net.codec import pack
+from tests.conftest import volume
 from tests.test_gossip_core import ALL_MSGS
 
 # Every boundary of every length and integer class, on both sides.
@@ -38,7 +39,7 @@ def _packed(v: object) -> int:
     return len(msgpack.packb(v, use_bin_type=True))
 
 
-@settings(max_examples=400)
+@settings(max_examples=volume(150, 400))  # 400 under KOVANEX_SOAK=1
 @given(values)
 def test_size_matches_msgpack(v: object) -> None:
     assert msgpack_size(v) == _packed(v)
