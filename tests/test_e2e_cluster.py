@@ -3,7 +3,7 @@ restart and rejoin, and a gossip key rotated mid-run with nobody declared dead.
 
 Four agents, not eight: every step still needs gossip to spread through nodes that are
 neither its source nor its target (the victim's death reaches three observers, a
-capability travels from n1 to n3), and the eight-process run of the same story
+capability travels from kc1 to kc3), and the eight-process run of the same story
 (tests/test_gossip_process.py) covers the larger cluster."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tests.agentkit import Node, kx, wait_for
 
-N = 4
+N = 4  # names kc0..kc3: unique on a shared host (the units lock keys on them)
 
 
 def statuses(node: Node) -> dict[str, str]:
@@ -28,7 +28,7 @@ def test_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
     k1 = kx("keygen").stdout.strip()
     k2 = kx("keygen").stdout.strip()
     nodes = [
-        Node(tmp_path, f"n{i}", "--profile", "local", "--encrypt", k1, "--labels", f"idx={i}")
+        Node(tmp_path, f"kc{i}", "--profile", "local", "--encrypt", k1, "--labels", f"idx={i}")
         for i in range(N)
     ]
     seed = nodes[0]
@@ -46,7 +46,7 @@ def test_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
 
         wait_for(lambda: all_alive(nodes, names), 60, f"all {N} agents to see each other alive")
         only = json.loads(seed.kx("members", "--label", "idx=3", "--format", "json").stdout)
-        assert [m["name"] for m in only] == ["n3"]
+        assert [m["name"] for m in only] == ["kc3"]
 
         victim = nodes[2]
         victim.kill9()
@@ -81,9 +81,9 @@ def test_agents_join_fail_rejoin_and_rotate_keys(tmp_path: Path) -> None:
 
         def sees_cap() -> bool:
             ms = json.loads(nodes[3].kx("members", "--format", "json").stdout)
-            return "sast" in next(m for m in ms if m["name"] == "n1")["capabilities"]
+            return "sast" in next(m for m in ms if m["name"] == "kc1")["capabilities"]
 
-        wait_for(sees_cap, 30, "a capability published after rotation to reach n3")
+        wait_for(sees_cap, 30, "a capability published after rotation to reach kc3")
         # ... and nobody was declared failed during the rotation
         assert all_alive(nodes, names)
         events = seed.kx("monitor", "--count", "1", "--since", "0", "--format", "json").stdout
