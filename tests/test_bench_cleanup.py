@@ -11,12 +11,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.agentkit import process_gone, wait_for
+from tests.agentkit import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def agents_of(pid: int) -> list[int]:
+def agents_of(pid: int) -> list[psutil.Process]:
     try:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -25,10 +25,19 @@ def agents_of(pid: int) -> list[int]:
     for k in kids:
         try:
             if "agent" in k.cmdline() and "kovanex" in " ".join(k.cmdline()):
-                out.append(k.pid)
+                out.append(k)
         except psutil.Error:
             continue
     return out
+
+
+def gone(p: psutil.Process) -> bool:
+    """Exited (or a zombie not yet reaped). psutil.Process remembers its start time, so a
+    new process that reuses the PID (pid_max is 32768 on this busy host) is not it."""
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -40,20 +49,20 @@ def test_a_signalled_bench_leaves_no_agent_running(sig: signal.Signals) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    agents: list[int] = []
+    agents: list[psutil.Process] = []
     try:
         agents = wait_for(lambda: agents_of(bench.pid), 60, "the bench's agent running")
         bench.send_signal(sig)
-        assert bench.wait(60) == 128 + sig
-        for pid in agents:
-            wait_for(lambda pid=pid: process_gone(pid), 20, f"agent {pid} gone")
+        assert bench.wait(60) == 128 + sig, bench.stderr.read() if bench.stderr else ""
+        for a in agents:
+            wait_for(lambda a=a: gone(a), 20, f"agent {a.pid} gone")
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait(10)
-        for pid in agents:
-            if not process_gone(pid):
-                psutil.Process(pid).kill()
+        for a in agents:
+            if not gone(a):
+                a.kill()
 
 
 def test_a_signal_that_lands_inside_popen_still_stops_the_child(monkeypatch) -> None:
