@@ -194,9 +194,9 @@ def test_a_token_made_on_one_node_works_on_another_and_so_does_its_revocation(
     value = (n1.data / "secrets" / "cluster.token").read_text().strip()
     n2 = Node(tmp_path, "n2", "--profile", "local", "--token", value)
     bind = tomllib.loads((n1.data / "kovanex.toml").read_text())["gossip"]["bind"]
-    n1.start()
-    n2.start("--join", bind)
-    try:
+    try:  # started inside: n1 must stop even when n2 cannot start
+        n1.start()
+        n2.start("--join", bind)
         n2.kx("repo", "create", "demo")
         url = f"{http_base(n2)}/git/demo.git"
         tok = create(n1, "shared", "--scope", "read")
