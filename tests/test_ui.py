@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
-from tests.agentkit import Node, git
+from tests.agentkit import Node, git, wait_for
 from tests.uikit import admin_token, http_port, login_cookie, request
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -226,3 +226,73 @@ def test_scale_section_shows_the_decision_and_apply_says_why_nothing_ran(
     hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
     _, _, body = request(agent["port"], "POST", "/ui/scale/apply", f"csrf={csrf_of(page)}", hdr)
     assert b"nothing applied:" in body
+
+
+GATED = """
+[[environments]]
+name = "dev"
+gates = [{ name = "unit_tests", run = "test -f app.txt" }]
+approvals = 2
+"""
+
+
+def promotion_row(page: bytes, pid: bytes) -> bytes:
+    table = re.search(rb'<table id="promotions">.*?</table>', page, re.S)
+    assert table, "no promotions table"
+    row = re.search(rb"<tr>(?:(?!</tr>).)*" + re.escape(pid) + rb".*?</tr>", table.group(0), re.S)
+    assert row, f"no row for {pid!r}"
+    return row.group(0)
+
+
+def test_environments_show_gate_verdicts_and_approvals_per_promotion(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """ListEnvironments as a table: the waiting promotion's gate verdict links its gate task
+    (and that task's state), approvals read `N of M: who`, and Approve adds one."""
+    from tests.test_e2e_promotion import _url
+
+    n, port = agent["node"], agent["port"]
+    n.kx("repo", "create", "rel")
+    clone = tmp_path / "rel"
+    git("clone", "-q", _url(n, "rel", agent["admin"]), str(clone))
+    git("checkout", "-q", "-b", "main", cwd=clone)
+    (clone / ".kovanex").mkdir()
+    (clone / ".kovanex" / "environments.toml").write_text(GATED)
+    (clone / "app.txt").write_text("ok\n")
+    git("add", "-A", cwd=clone)
+    git("commit", "-qm", "environments", cwd=clone)
+    git("push", "-q", "origin", "main", cwd=clone)
+    git("tag", "v1", cwd=clone)
+    git("push", "-q", "origin", "v1", cwd=clone)
+    cookie = login_cookie(port, agent["admin"])
+
+    def page() -> bytes:
+        return request(port, "GET", "/ui/envs?frag=1", headers={"Cookie": cookie})[2]
+
+    wait_for(lambda: b'data-result="passed"' in page(), 90, "the gate's verdict on the page")
+    wait_for(lambda: b'data-state="waiting"' in promotion_row(page(), b"dev/v1"), 30, "waiting")
+    row = promotion_row(page(), b"dev/v1")
+    m = re.search(rb'data-gate="unit_tests" data-result="passed">unit_tests <b>passed</b> '
+                  rb'\xc2\xb7 task <a href="/ui/tasks/rel/([^"]+)">', row)  # fmt: skip
+    assert m, row
+    gate_task = m.group(1).decode()
+    assert b'data-state="succeeded"' in row  # the gate task's own state, read now
+    assert b'data-have="0" data-needs="2">0 of 2: nobody yet' in row
+    status, _, tpage = request(
+        port, "GET", f"/ui/tasks/rel/{gate_task}", headers={"Cookie": cookie}
+    )
+    assert status == 200 and f"Task rel/{gate_task}".encode() in tpage
+
+    whole = request(port, "GET", "/ui/envs", headers={"Cookie": cookie})[2]
+    assert b'action="/ui/envs/rel/promotion/dev/v1/approve"' in whole
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(
+        port, "POST", "/ui/envs/rel/promotion/dev/v1/approve", f"csrf={csrf_of(whole)}", hdr
+    )
+    assert status == 200 and b"ApprovePromotion" in body and b'class="err"' not in body, body
+    wait_for(lambda: b"1 of 2: ui-admin" in promotion_row(page(), b"dev/v1"), 30, "one approval")
+
+    reader = login_cookie(port, agent["reader"])
+    _, _, rpage = request(port, "GET", "/ui/envs", headers={"Cookie": reader})
+    row = promotion_row(rpage, b"dev/v1")
+    assert b"1 of 2: ui-admin" in row and b"/approve" not in rpage  # read scope: no button
