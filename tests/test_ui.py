@@ -5,6 +5,7 @@ their cache headers, and the SVG the cluster view is drawn with."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from importlib import resources
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
-from tests.agentkit import Node, git, wait_for
+from tests.agentkit import Node, clone_with_task, git, wait_for
 from tests.uikit import admin_token, http_port, login_cookie, request
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -278,6 +279,7 @@ def test_environments_show_gate_verdicts_and_approvals_per_promotion(
     assert m, row
     gate_task = m.group(1).decode()
     assert b'data-state="succeeded"' in row  # the gate task's own state, read now
+    assert row.count(b'class="gate"') == 1  # the newest verdict only: passed, not started
     assert b'data-have="0" data-needs="2">0 of 2: nobody yet' in row
     status, _, tpage = request(
         port, "GET", f"/ui/tasks/rel/{gate_task}", headers={"Cookie": cookie}
@@ -297,3 +299,49 @@ def test_environments_show_gate_verdicts_and_approvals_per_promotion(
     _, _, rpage = request(port, "GET", "/ui/envs", headers={"Cookie": reader})
     row = promotion_row(rpage, b"dev/v1")
     assert b"1 of 2: ui-admin" in row and b"/approve" not in rpage  # read scope: no button
+
+
+def test_step_log_api_reads_this_nodes_file_and_refuses_what_it_must(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """GetStepLog on the node itself: the file as written (whole, or from an offset); a
+    read token may, no token may not; an unknown node is a 404, not a guess."""
+    n = agent["node"]
+    dest = clone_with_task(n, "logs", tmp_path / "w", "hello",
+                           '[[steps]]\nname = "say"\nrun = "echo hello from uh1"\n')  # fmt: skip
+    git("push", "-q", "origin", "task/hello", cwd=dest)
+    auth = {"Authorization": f"Bearer {agent['reader']}"}
+    path = "/v1/nodes/uh1/logs/logs/hello/1"
+
+    def got() -> dict[str, Any]:
+        return json.loads(request(agent["port"], "GET", path, headers=auth)[2])
+
+    wait_for(lambda: "exit=0" in got().get("text", ""), 60, "the step's log, finished")
+    doc = got()
+    assert doc["node"] == "uh1" and doc["found"] and "hello from uh1" in doc["text"]
+    assert doc["size"] == len(doc["text"].encode())
+    tail = json.loads(request(agent["port"], "GET", path + "?offset=4", headers=auth)[2])
+    assert tail["offset"] == 4 and tail["text"] == doc["text"][4:]
+    missing = json.loads(request(agent["port"], "GET", path[:-1] + "9", headers=auth)[2])
+    assert missing["found"] is False and missing["text"] == ""
+    assert request(agent["port"], "GET", path)[0] == 401
+    status, _, body = request(agent["port"], "GET", "/v1/nodes/nosuch/logs/logs/hello/1",
+                              headers=auth)  # fmt: skip
+    assert status == 404 and b"no member named" in body
+
+
+def test_health_ring_keeps_each_members_gossiped_samples_bounded() -> None:
+    from kovanex.clock import SYSTEM
+    from kovanex.core.gossip_msgs import AppData
+    from kovanex.ui.healthring import HealthRing
+
+    ring = HealthRing(SYSTEM, width=3)
+    for v in range(1, 6):
+        ring.on_item("health", AppData("health", "b", {"score": 1, "vector": {"cpu": v}}, "b", v))
+    ring.on_item("health", AppData("health", "b", {"vector": {"cpu": 99}}, "b", 5))  # a resend
+    ring.on_item("health", AppData("health", "c", {"vector": {"mem": 1.5}}, "c", 1))
+    assert ring.matrix("b") == {"cpu": [3.0, 4.0, 5.0]}  # oldest first, the last 3 kept
+    ring.on_item("health", AppData("health", "b", {"vector": {"cpu": 6, "mem": 2}}, "b", 6))
+    assert ring.matrix("b") == {"cpu": [4.0, 5.0, 6.0], "mem": [None, None, 2.0]}
+    ring.on_item("health", AppData("health", "c", None, "c", 2))  # c left: its ring goes
+    assert ring.matrix("c") == {} and len(ring) == 1

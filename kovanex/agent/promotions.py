@@ -71,11 +71,12 @@ def change_of(repo: str, state: ps.Repo, eff: ps.Record | ps.MoveEnv) -> dict[st
 
 
 def gate_rows(p: ps.Promotion, tasks: dict[str, str]) -> list[dict[str, str]]:
-    """This attempt's gate verdicts, each with its gate task and the task's state now."""
+    """This attempt's verdict on each gate (the newest: `passed` replaces `started`), with
+    its gate task and the task's state now."""
+    newest = {v.gate: v for v in p.verdicts if v.attempt == p.attempt}
     return [
         {"gate": v.gate, "result": v.result, "task": v.task, "state": tasks.get(v.task, "")}
-        for v in p.verdicts
-        if v.attempt == p.attempt
+        for v in newest.values()
     ]
 
 
