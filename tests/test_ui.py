@@ -16,7 +16,7 @@ import pytest
 
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
 from tests.agentkit import Node, clone_with_task, git, wait_for
-from tests.uikit import admin_token, http_port, login_cookie, request
+from tests.uikit import admin_token, http_port, login_cookie, request, tagged_release
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
@@ -230,14 +230,6 @@ def test_scale_section_shows_the_decision_and_apply_says_why_nothing_ran(
     assert b"nothing applied:" in body
 
 
-GATED = """
-[[environments]]
-name = "dev"
-gates = [{ name = "unit_tests", run = "test -f app.txt" }]
-approvals = 2
-"""
-
-
 def promotion_row(page: bytes, pid: bytes) -> bytes:
     table = re.search(rb'<table id="promotions">.*?</table>', page, re.S)
     assert table, "no promotions table"
@@ -251,21 +243,8 @@ def test_environments_show_gate_verdicts_and_approvals_per_promotion(
 ) -> None:
     """ListEnvironments as a table: the waiting promotion's gate verdict links its gate task
     (and that task's state), approvals read `N of M: who`, and Approve adds one."""
-    from tests.test_e2e_promotion import _url
-
     n, port = agent["node"], agent["port"]
-    n.kx("repo", "create", "rel")
-    clone = tmp_path / "rel"
-    git("clone", "-q", _url(n, "rel", agent["admin"]), str(clone))
-    git("checkout", "-q", "-b", "main", cwd=clone)
-    (clone / ".kovanex").mkdir()
-    (clone / ".kovanex" / "environments.toml").write_text(GATED)
-    (clone / "app.txt").write_text("ok\n")
-    git("add", "-A", cwd=clone)
-    git("commit", "-qm", "environments", cwd=clone)
-    git("push", "-q", "origin", "main", cwd=clone)
-    git("tag", "v1", cwd=clone)
-    git("push", "-q", "origin", "v1", cwd=clone)
+    tagged_release(n, "rel", tmp_path / "rel", agent["admin"], approvals=2)
     cookie = login_cookie(port, agent["admin"])
 
     def page() -> bytes:

@@ -20,6 +20,7 @@ from tests.uikit import (
     chrome,
     http_port,
     start_cluster,
+    tagged_release,
 )
 
 pytestmark = [
@@ -292,32 +293,10 @@ def test_health_view_shows_other_nodes_history_too(drv: Any, cluster: dict[str, 
     assert cols >= 3  # metric × time: more than the one latest column
 
 
-GATED = """
-[[environments]]
-name = "dev"
-gates = [{ name = "unit_tests", run = "test -f app.txt" }]
-approvals = 1
-"""
-
-
 def test_environments_view_shows_gate_verdicts_and_approves(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
-    from tests.test_e2e_promotion import _url
-
-    wu1 = cluster["nodes"][0]
-    wu1.kx("repo", "create", "rel")
-    clone = cluster["root"] / "rel"
-    git("clone", "-q", _url(wu1, "rel", cluster["token"]), str(clone))
-    git("checkout", "-q", "-b", "main", cwd=clone)
-    (clone / ".kovanex").mkdir()
-    (clone / ".kovanex" / "environments.toml").write_text(GATED)
-    (clone / "app.txt").write_text("ok\n")
-    git("add", "-A", cwd=clone)
-    git("commit", "-qm", "environments", cwd=clone)
-    git("push", "-q", "origin", "main", cwd=clone)
-    git("tag", "v1", cwd=clone)
-    git("push", "-q", "origin", "v1", cwd=clone)
+    tagged_release(cluster["nodes"][0], "rel", cluster["root"] / "rel", cluster["token"], 1)
     drv.get(cluster["base"] + "/ui/envs")
     mark_page(drv)
     wait_for(lambda: "0 of 1" in text(drv, "#promotions .approvals"), 90,
