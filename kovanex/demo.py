@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,9 +115,10 @@ def keep_up(n1: Path) -> None:
     host, port = cfgmod.parse_addr(cfgmod.load(cfgmod.Layout(n1)).http_bind, 0)
     host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     token = kx("token", "create", "dashboard", "--scope", "admin", data=n1, quiet=True)
-    say("13. the dashboard (issue 15): open it, log in with the token, Ctrl-C to stop")
+    say("the dashboard (issue 15): open it, log in with the token, Ctrl-C to stop")
     print(f"   URL:   http://{host}:{port}/ui/", flush=True)
     print(f"   token: {token.strip().splitlines()[-1]}", flush=True)
+    print(f"   data:  {n1}", flush=True)
     try:
         while True:
             time.sleep(3600)
@@ -124,13 +126,36 @@ def keep_up(n1: Path) -> None:
         print(flush=True)
 
 
-def main() -> int:
+def one_node(tmp: Path, nodes: list[Path], name: str) -> Path:
+    """`python -m kovanex.demo --dashboard-only`: just one node to look at (and test)."""
+    d = tmp / name
+    say(f"a node on loopback ({name})")
+    kx("init", "--name", name, "--labels", "env=dev", "--bind", "127.0.0.1:0", data=d)
+    nodes.append(d)
+    kx("agent", "--detach", data=d)
+    return d
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM too: main's `finally` stops the agents
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    # Ctrl-C must reach us even when started in the background (which ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     tmp = Path(tempfile.mkdtemp(prefix="kovanex-demo-"))
     os.environ.update(GIT_ENV)
     os.environ["GIT_CONFIG_GLOBAL"] = str(tmp / "gitconfig")
     (tmp / "gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
     nodes: list[Path] = []
     try:
+        if "--dashboard-only" in args:
+            name = args[args.index("--name") + 1] if "--name" in args else "dash1"
+            keep_up(one_node(tmp, nodes, name))
+            say("done; cleaning up " + str(tmp))
+            return 0
         nodes.append(tmp / "n1")
         single_node(tmp)
         from kovanex import demo_cluster
@@ -147,19 +172,23 @@ def main() -> int:
         say("done: everything above lives in git; cleaning up " + str(tmp))
         return 0
     finally:
-        for n in nodes:
-            pidf = n / "run" / "agent.pid"
-            if pidf.exists():
-                try:
-                    os.kill(int(pidf.read_text()), 15)
-                except (ProcessLookupError, ValueError):
-                    pass
-        deadline = time.monotonic() + 10
-        while (
-            any((n / "run" / "agent.pid").exists() for n in nodes) and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip this
+        stop_agents(nodes)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stop_agents(nodes: list[Path]) -> None:
+    """SIGTERM each agent (it stops its own children, nats-server included) and wait."""
+    for n in nodes:
+        pidf = n / "run" / "agent.pid"
+        if pidf.exists():
+            try:
+                os.kill(int(pidf.read_text()), 15)
+            except (ProcessLookupError, ValueError):
+                pass
+    deadline = time.monotonic() + 10
+    while any((n / "run" / "agent.pid").exists() for n in nodes) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

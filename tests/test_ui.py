@@ -5,6 +5,7 @@ their cache headers, and the SVG the cluster view is drawn with."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from importlib import resources
@@ -14,8 +15,8 @@ from typing import Any
 import pytest
 
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
-from tests.agentkit import Node, git
-from tests.uikit import admin_token, http_port, login_cookie, request
+from tests.agentkit import Node, clone_with_task, git, wait_for
+from tests.uikit import admin_token, http_port, login_cookie, request, tagged_release
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
@@ -76,10 +77,11 @@ def test_every_post_needs_the_csrf_token(agent: dict[str, Any]) -> None:
     hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
     _, _, page = request(agent["port"], "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})
     token = csrf_of(page)
+    wrong = ("1" if token[0] == "0" else "0") + token[1:]  # one hex digit off, never equal
     for path in ("/ui/nodes/uh1/cordon", "/ui/nodes/uh1/drain", "/ui/scale/apply",
                  "/ui/tasks/r/t/cancel", "/ui/logout"):  # fmt: skip
         assert request(agent["port"], "POST", path, "enable=1", hdr)[0] == 403, path
-        assert request(agent["port"], "POST", path, "csrf=0" + token[1:], hdr)[0] == 403, path
+        assert request(agent["port"], "POST", path, f"csrf={wrong}", hdr)[0] == 403, path
     # another session's token is no good either
     other = login_cookie(agent["port"], agent["reader"])
     status, _, _ = request(
@@ -226,3 +228,99 @@ def test_scale_section_shows_the_decision_and_apply_says_why_nothing_ran(
     hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
     _, _, body = request(agent["port"], "POST", "/ui/scale/apply", f"csrf={csrf_of(page)}", hdr)
     assert b"nothing applied:" in body
+
+
+def promotion_row(page: bytes, pid: bytes) -> bytes:
+    table = re.search(rb'<table id="promotions">.*?</table>', page, re.S)
+    assert table, "no promotions table"
+    row = re.search(rb"<tr>(?:(?!</tr>).)*" + re.escape(pid) + rb".*?</tr>", table.group(0), re.S)
+    assert row, f"no row for {pid!r}"
+    return row.group(0)
+
+
+def test_environments_show_gate_verdicts_and_approvals_per_promotion(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """ListEnvironments as a table: the waiting promotion's gate verdict links its gate task
+    (and that task's state), approvals read `N of M: who`, and Approve adds one."""
+    n, port = agent["node"], agent["port"]
+    tagged_release(n, "rel", tmp_path / "rel", agent["admin"], approvals=2)
+    cookie = login_cookie(port, agent["admin"])
+
+    def page() -> bytes:
+        return request(port, "GET", "/ui/envs?frag=1", headers={"Cookie": cookie})[2]
+
+    wait_for(lambda: b'data-result="passed"' in page(), 90, "the gate's verdict on the page")
+    wait_for(lambda: b'data-state="waiting"' in promotion_row(page(), b"dev/v1"), 30, "waiting")
+    row = promotion_row(page(), b"dev/v1")
+    m = re.search(rb'data-gate="unit_tests" data-result="passed">unit_tests <b>passed</b> '
+                  rb'\xc2\xb7 task <a href="/ui/tasks/rel/([^"]+)">', row)  # fmt: skip
+    assert m, row
+    gate_task = m.group(1).decode()
+    assert b'data-state="succeeded"' in row  # the gate task's own state, read now
+    assert row.count(b'class="gate"') == 1  # the newest verdict only: passed, not started
+    assert b'data-have="0" data-needs="2">0 of 2: nobody yet' in row
+    status, _, tpage = request(
+        port, "GET", f"/ui/tasks/rel/{gate_task}", headers={"Cookie": cookie}
+    )
+    assert status == 200 and f"Task rel/{gate_task}".encode() in tpage
+
+    whole = request(port, "GET", "/ui/envs", headers={"Cookie": cookie})[2]
+    assert b'action="/ui/envs/rel/promotion/dev/v1/approve"' in whole
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(
+        port, "POST", "/ui/envs/rel/promotion/dev/v1/approve", f"csrf={csrf_of(whole)}", hdr
+    )
+    assert status == 200 and b"ApprovePromotion" in body and b'class="err"' not in body, body
+    wait_for(lambda: b"1 of 2: ui-admin" in promotion_row(page(), b"dev/v1"), 30, "one approval")
+
+    reader = login_cookie(port, agent["reader"])
+    _, _, rpage = request(port, "GET", "/ui/envs", headers={"Cookie": reader})
+    row = promotion_row(rpage, b"dev/v1")
+    assert b"1 of 2: ui-admin" in row and b"/approve" not in rpage  # read scope: no button
+
+
+def test_step_log_api_reads_this_nodes_file_and_refuses_what_it_must(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """GetStepLog on the node itself: the file as written (whole, or from an offset); a
+    read token may, no token may not; an unknown node is a 404, not a guess."""
+    n = agent["node"]
+    dest = clone_with_task(n, "logs", tmp_path / "w", "hello",
+                           '[[steps]]\nname = "say"\nrun = "echo hello from uh1"\n')  # fmt: skip
+    git("push", "-q", "origin", "task/hello", cwd=dest)
+    auth = {"Authorization": f"Bearer {agent['reader']}"}
+    path = "/v1/nodes/uh1/logs/logs/hello/1"
+
+    def got() -> dict[str, Any]:
+        return json.loads(request(agent["port"], "GET", path, headers=auth)[2])
+
+    wait_for(lambda: "exit=0" in got().get("text", ""), 60, "the step's log, finished")
+    doc = got()
+    assert doc["node"] == "uh1" and doc["found"] and "hello from uh1" in doc["text"]
+    assert doc["size"] == len(doc["text"].encode())
+    tail = json.loads(request(agent["port"], "GET", path + "?offset=4", headers=auth)[2])
+    assert tail["offset"] == 4 and tail["text"] == doc["text"][4:]
+    missing = json.loads(request(agent["port"], "GET", path[:-1] + "9", headers=auth)[2])
+    assert missing["found"] is False and missing["text"] == ""
+    assert request(agent["port"], "GET", path)[0] == 401
+    status, _, body = request(agent["port"], "GET", "/v1/nodes/nosuch/logs/logs/hello/1",
+                              headers=auth)  # fmt: skip
+    assert status == 404 and b"no member named" in body
+
+
+def test_health_ring_keeps_each_members_gossiped_samples_bounded() -> None:
+    from kovanex.clock import SYSTEM
+    from kovanex.core.gossip_msgs import AppData
+    from kovanex.ui.healthring import HealthRing
+
+    ring = HealthRing(SYSTEM, width=3)
+    for v in range(1, 6):
+        ring.on_item("health", AppData("health", "b", {"score": 1, "vector": {"cpu": v}}, "b", v))
+    ring.on_item("health", AppData("health", "b", {"vector": {"cpu": 99}}, "b", 5))  # a resend
+    ring.on_item("health", AppData("health", "c", {"vector": {"mem": 1.5}}, "c", 1))
+    assert ring.matrix("b") == {"cpu": [3.0, 4.0, 5.0]}  # oldest first, the last 3 kept
+    ring.on_item("health", AppData("health", "b", {"vector": {"cpu": 6, "mem": 2}}, "b", 6))
+    assert ring.matrix("b") == {"cpu": [4.0, 5.0, 6.0], "mem": [None, None, 2.0]}
+    ring.on_item("health", AppData("health", "c", None, "c", 2))  # c left: its ring goes
+    assert ring.matrix("c") == {} and len(ring) == 1

@@ -5,6 +5,7 @@ A PNG of each view goes to the test's tmp dir."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tests.uikit import (
     chrome,
     http_port,
     start_cluster,
+    tagged_release,
 )
 
 pytestmark = [
@@ -235,6 +237,84 @@ def _alert(drv: Any) -> Any:
         return drv.switch_to.alert
     except NoAlertPresentException:
         return None
+
+
+COUNTING = """[placement]
+labels = { env = "staging" }
+[[steps]]
+name = "count"
+run = "for i in $(seq 1 400); do echo tick $i; sleep 0.2; done"
+"""
+
+
+def last_tick(log: str) -> int:
+    return max((int(m) for m in re.findall(r"tick (\d+)", log)), default=0)
+
+
+def test_a_step_on_another_node_streams_its_log_live(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    """The browser talks to wu1; the step runs on wu2 (env=staging). Its log reaches the
+    page from wu2 over the API (GetStepLog), growing while we watch, never from wu1's disk."""
+    wu1 = cluster["nodes"][0]
+    dest = clone_with_task(wu1, "far", cluster["root"] / "far", "remote", COUNTING)
+    git("push", "-q", "origin", "task/remote", cwd=dest)
+    drv.get(cluster["base"] + "/ui/tasks/far/remote")
+    wait_for(lambda: text(drv, "#task-node") == "wu2" and text(drv, "#task p [data-state]")
+             == "running", 60, "the task running on wu2")  # fmt: skip
+    wait_for(lambda: last_tick(text(drv, "#log-1")) > 0, 30, "wu2's log on wu1's page")
+    assert "count on wu2 epoch" in text(drv, "#log-1")  # the runner's own header line
+    mark_page(drv)
+    first = last_tick(text(drv, "#log-1"))
+    wait_for(lambda: last_tick(text(drv, "#log-1")) >= first + 5, 20, "new lines, live")
+    assert not_reloaded(drv)
+    assert not (wu1.data / "logs" / "far").exists(), "the log must not be on wu1's disk"
+    drv.save_screenshot(str(shots / "task-remote-log.png"))
+    wu1.kx("task", "cancel", "remote", "--repo", "far")
+
+
+def test_health_view_shows_other_nodes_history_too(drv: Any, cluster: dict[str, Any]) -> None:
+    drv.get(cluster["base"] + "/ui/health")
+
+    def samples() -> dict[str, int]:
+        return drv.execute_script(
+            "const o = {}; document.querySelectorAll('article.health').forEach(e => "
+            "{ o[e.getAttribute('data-node')] = +e.getAttribute('data-samples'); }); return o;"
+        )
+
+    wait_for(lambda: min(samples().get(n, 0) for n in NAMES[1:]) >= 3, 30,
+             "several gossiped samples of wu2 and wu3")  # fmt: skip
+    remote = drv.find_element(*by("article.health[data-node=wu2]"))
+    assert "as gossiped" in remote.text
+    cols = drv.execute_script(
+        "return new Set(Array.from(document.querySelectorAll("
+        "'article.health[data-node=wu2] svg.heatmap rect')).map(r => r.getAttribute('x'))).size"
+    )
+    assert cols >= 3  # metric × time: more than the one latest column
+
+
+def test_environments_view_shows_gate_verdicts_and_approves(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    tagged_release(cluster["nodes"][0], "rel", cluster["root"] / "rel", cluster["token"], 1)
+    drv.get(cluster["base"] + "/ui/envs")
+    mark_page(drv)
+    wait_for(lambda: "0 of 1" in text(drv, "#promotions .approvals"), 90,
+             "dev/v1 waiting for its approval, live")  # fmt: skip
+    gate = text(drv, "#promotions li.gate[data-gate=unit_tests]")
+    assert "passed" in gate and "succeeded" in gate, gate
+    assert "dev/v1" in text(drv, "#promotions .promotion")
+    drv.save_screenshot(str(shots / "envs-waiting.png"))
+    click(drv, "#promotions form[action$='/approve'] button")
+    wait_for(lambda: _alert(drv), 10, "the confirmation dialog").accept()
+    wait_for(lambda: "v1" in text(drv, "#promotions .release"), 60, "v1 released into dev")
+    assert "ApprovePromotion" in text(drv, "#flash")
+    assert not_reloaded(drv)
+    drv.save_screenshot(str(shots / "envs-released.png"))
+    href = fresh(lambda: drv.find_element(*by("#promotions li.gate a")).get_attribute("href"),
+                 "the gate task's link")  # fmt: skip
+    drv.get(href)
+    assert "Task rel/" in text(drv, "h1")
 
 
 def test_kill_a_node_and_see_it_turn_suspect_then_dead(

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.agentkit import Node, wait_for
+from tests.agentkit import Node, git, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -138,3 +138,29 @@ def browser_login(drv: Any, base: str, token: str) -> None:
     drv.find_element(By.ID, "token").send_keys(token)
     drv.find_element(By.ID, "login").click()
     wait_for(lambda: drv.find_elements(By.ID, "cluster-graph"), 20, "the cluster view after login")
+
+
+GATED = """
+[[environments]]
+name = "dev"
+gates = [{{ name = "unit_tests", run = "test -f app.txt" }}]
+approvals = {approvals}
+"""
+
+
+def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int) -> None:
+    """A repo whose main declares one environment, dev, with a gate and `approvals`
+    approvals, then tag v1 pushed over HTTP as `token`: promotion dev/v1 opens."""
+    from tests.test_e2e_promotion import _url
+
+    node.kx("repo", "create", repo)
+    git("clone", "-q", _url(node, repo, token), str(dest))
+    git("checkout", "-q", "-b", "main", cwd=dest)
+    (dest / ".kovanex").mkdir()
+    (dest / ".kovanex" / "environments.toml").write_text(GATED.format(approvals=approvals))
+    (dest / "app.txt").write_text("ok\n")
+    git("add", "-A", cwd=dest)
+    git("commit", "-qm", "environments", cwd=dest)
+    git("push", "-q", "origin", "main", cwd=dest)
+    git("tag", "v1", cwd=dest)
+    git("push", "-q", "origin", "v1", cwd=dest)

@@ -70,6 +70,16 @@ def change_of(repo: str, state: ps.Repo, eff: ps.Record | ps.MoveEnv) -> dict[st
             "event": what, "message": message}  # fmt: skip
 
 
+def gate_rows(p: ps.Promotion, tasks: dict[str, str]) -> list[dict[str, str]]:
+    """This attempt's verdict on each gate (the newest: `passed` replaces `started`), with
+    its gate task and the task's state now."""
+    newest = {v.gate: v for v in p.verdicts if v.attempt == p.attempt}
+    return [
+        {"gate": v.gate, "result": v.result, "task": v.task, "state": tasks.get(v.task, "")}
+        for v in newest.values()
+    ]
+
+
 def report_line(env: str, subject: str) -> str | None:
     """A promotion note as the pusher sees it (the seed's shape), None for bookkeeping."""
     if subject.startswith(QUIET):
@@ -381,6 +391,7 @@ class Promotions:
         for e in state.graph.envs:
             head = state.head(e.name)
             live = [p for p in state.promotions.values() if p.env == e.name and p.status in ps.LIVE]
+            rel_p = state.promotions.get(ps.promotion_id(e.name, head.version)) if head else None
             out.append(
                 {
                     "name": e.name,
@@ -399,6 +410,7 @@ class Promotions:
                         "commit": head.commit,
                         "verified": state.verified(e.name, head),
                         "rollback_of": head.rollback_of or None,
+                        "gates": gate_rows(rel_p, state.tasks) if rel_p else [],
                     },
                     "waiting": [
                         {
@@ -408,6 +420,7 @@ class Promotions:
                             "by": p.by,
                             "approvals": list(dict.fromkeys(p.approvals)),
                             "needs": e.approvals,
+                            "gates": gate_rows(p, state.tasks),
                         }
                         for p in sorted(live, key=lambda p: p.opened)
                     ],

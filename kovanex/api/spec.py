@@ -116,7 +116,15 @@ SCHEMAS: dict[str, Any] = {
             "release": {"type": ["object", "null"]},
             "waiting": arr(
                 obj(
-                    {"id": S, "version": S, "status": S, "by": S, "approvals": arr(S), "needs": I0},
+                    {
+                        "id": S,
+                        "version": S,
+                        "status": S,
+                        "by": S,
+                        "approvals": arr(S),
+                        "needs": I0,
+                        "gates": arr(obj({"gate": S, "result": S, "task": S, "state": S})),
+                    },
                     ("id", "status"),
                 )
             ),
@@ -236,6 +244,11 @@ OPS: tuple[Op, ...] = (
        response=ref("Task"), write=True),
     Op("RetryTask", "POST", TASK + "/retry", "push",
        "Queue a failed or cancelled task again", "tasks", response=ref("Task"), write=True),
+    Op("GetStepLog", "GET", "/v1/nodes/{name}/logs/{repository}/{task}/{index}", "read",
+       "A step's log as the named node wrote it (kovanex/api/logs.py); from `offset` on, "
+       "or head and tail", "tasks", query={"offset": I0},
+       response=obj({"node": S, "found": B, "size": I0, "offset": I0, "length": I0, "text": S},
+                    ("node", "found", "text"))),
     # -- environments and promotions (the service is kovanex/agent/promotions.py) ------
     # `repo` may be left out where one repo on the node declares environments.
     Op("ListEnvironments", "GET", "/v1/environments", "read",
@@ -300,6 +313,7 @@ OPS: tuple[Op, ...] = (
 PATH_SCHEMAS = {
     "name": {"type": "string", "pattern": NAME},
     "repo": {"type": "string", "pattern": ID},
+    "repository": {"type": "string", "pattern": ID},  # GetStepLog: not forwarded by repo
     "task": {"type": "string", "pattern": ID},
     "env": {"type": "string", "pattern": NAME},
     "version": {"type": "string", "pattern": VERSION},

@@ -17,6 +17,7 @@ from kovanex.net.httpauth import Principal
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
+    from kovanex.ui.healthring import HealthRing
     from kovanex.ui.routes import Api
 
 TOPICS = "task,member,cluster,promotion,scale"
@@ -67,8 +68,12 @@ def live(
 class Page:
     """One request with a valid session: the agent, the API as this user, the CSRF token."""
 
-    def __init__(self, agent: Agent, api: Api, who: Principal, csrf: str, req: HttpRequest) -> None:
+    def __init__(
+        self, agent: Agent, api: Api, who: Principal, csrf: str, req: HttpRequest,
+        ring: HealthRing | None = None,
+    ) -> None:  # fmt: skip
         self.a = agent
+        self.ring = ring
         self.api = api
         self.who = who
         self.csrf = csrf

@@ -30,6 +30,7 @@ from kovanex.net.http11 import HttpRequest, HttpResponse
 from kovanex.net.httpauth import Principal, authenticate
 from kovanex.tokens import Refused
 from kovanex.ui import views
+from kovanex.ui.healthring import HealthRing
 from kovanex.ui.page import Page, UiError, confirm_form, esc, flash, template
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class UiRouter:
         self.a = agent
         self.api = api
         self.static = _static()
+        self.ring = HealthRing(agent.ctx.clock)  # other nodes' gossiped health, kept from now
+        agent.cluster.node.subscribe("health", self.ring.on_item)
         self.views: list[tuple[re.Pattern[str], View]] = [
             (re.compile(p), v) for p, v in views.VIEWS
         ]
@@ -129,7 +132,7 @@ class UiRouter:
                 return _html(401, "log in first")
             return self._login_page(401, "", req.target)
         token, who = session
-        page = Page(self.a, Api(self.api, token), who, self.csrf(token), req)
+        page = Page(self.a, Api(self.api, token), who, self.csrf(token), req, self.ring)
         if req.method == "POST":
             form = _form(req)
             if not hmac.compare_digest(form.get("csrf", "").encode(), page.csrf.encode()):

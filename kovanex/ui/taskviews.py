@@ -153,18 +153,42 @@ def _log_block(repo: str, task: str, index: int, state: str) -> str:
 
 async def step_log(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpResponse:
     """The step's log as the node running it writes it (re-fetched each second while the
-    task is active: the stream is the file growing)."""
+    task is active: the stream is the file growing). Ours is read here; another node's is
+    asked of it (GetStepLog, over HTTP with the cluster secret); a node that is gone leaves
+    the capped copy the step committed to the branch."""
     repo, task, index = m.group("repo"), m.group("task"), int(m.group("index"))
     d = await page.api.call("GET", f"/v1/tasks/{repo}/{task}")
     step = next((s for s in d.get("steps", []) if s["index"] == index), None)
     if step is None:
         raise UiError(404, f"task {task} has no step {index}")
+    # a finished step names the node that ran it; one running (or retried) is the lease's
+    node = d.get("node") if d["state"] in ("placed", "running") and step["state"] != "ok" else ""
+    node = node or step.get("node") or d.get("node") or ""
     path = page.a.ctx.layout.step_log(repo, task, index, step["name"])
+    text = ""
     if path.exists():
         text = (await asyncio.to_thread(read_capped, path, LOG_CAP)).decode(errors="replace")
-    else:
-        text = f"(no log for this step on {page.node}; it runs or ran on {d.get('node') or '-'})"
+    elif node and node != page.node:
+        try:
+            got = await page.api.call("GET", f"/v1/nodes/{node}/logs/{repo}/{task}/{index}")
+            text = got["text"] if got.get("found") else ""
+        except UiError as e:
+            text = await _committed(page, repo, step) or f"({node} did not answer: {e})"
+    if not text:
+        text = await _committed(page, repo, step) or (
+            f"(no log for this step yet; it runs or ran on {node or '-'})"
+        )
     return _frag(page, q, f"{task} step {index}", esc(text), f'<pre class="log">{esc(text)}</pre>')
+
+
+async def _committed(page: Page, repo: str, step: dict[str, Any]) -> str:
+    """The capped log a finished step committed to the task branch, if this node has it."""
+    if "commit" not in step or repo not in page.a.repos.all():
+        return ""
+    store = page.a.repos.ledger(repo).store
+    rel = f".kovanex/logs/{step['index']}-{step['name']}.log"
+    blob = await asyncio.to_thread(store.read_file, step["commit"], rel)
+    return blob.decode(errors="replace") if blob else ""
 
 
 async def task_action(page: Page, m: re.Match[str], form: dict[str, str]) -> str:

@@ -15,7 +15,7 @@ from kovanex.client import ApiError as ClientError
 from kovanex.client import Client
 from kovanex.gitstate import gitcli
 from kovanex.net.http11 import HttpResponse
-from kovanex.ui import taskviews
+from kovanex.ui import envviews, taskviews
 from kovanex.ui.page import Page, UiError, esc, live, table
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
 
@@ -187,17 +187,19 @@ async def health(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     parts = []
     for name, d in sorted((h.get("nodes") or {}).items()):
         score = d.get("score")
-        matrix = d.get("matrix") or {k: [v] for k, v in (d.get("vector") or {}).items()}
-        note = (
-            ""
-            if d.get("matrix")
-            else " (latest sample from gossip; the full matrix is on its own dashboard)"
-        )  # noqa: E501
+        matrix, note = d.get("matrix") or {}, "this node's probe matrix"
+        if not matrix and page.ring is not None:
+            matrix, note = page.ring.matrix(name), "as gossiped, seen by this node"
+        if not matrix:
+            matrix = {k: [v] for k, v in (d.get("vector") or {}).items()}
+            note = "latest sample from gossip"
+        cols = max((len(r) for r in matrix.values()), default=0)
         s = "?" if score is None else f"{float(score):.2f}"
         parts.append(
-            f'<article class="health" data-node="{esc(name)}"><h2>{esc(name)} '
-            f'<span style="background:{health_colour(score)}" class="score">{s}</span></h2>'
-            f"<p>metric × time{esc(note)}</p>{heatmap_svg(matrix)}</article>"
+            f'<article class="health" data-node="{esc(name)}" data-samples="{cols}"><h2>'
+            f'{esc(name)} <span style="background:{health_colour(score)}" class="score">{s}'
+            f"</span></h2><p>metric × time: {cols} samples, {esc(note)}</p>"
+            f"{heatmap_svg(matrix)}</article>"
         )
     part = "".join(parts) or '<p class="empty">no health reports yet</p>'
     whole = "<h1>Health</h1>" + live("/ui/health?frag=1", "member", part, eid="health")
@@ -246,7 +248,9 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     ]
     part = (
         table(["environment", "nodes"], rows, tid="envs", empty="no environments")
-        + f"<p>promotion path: {esc(path)}</p><h2>Releases and promotions</h2>"
+        + f"<p>promotion path: {esc(path)}</p>"
+        + await envviews.promotions_part(page)
+        + "<h2>Branches</h2>"
         + table(
             ["repo", "ref", "commit", "subject", ""],
             releases,
