@@ -84,7 +84,7 @@ class ConsistentWork:
         key = (repo, task_id)
         self.runs.stand_down(key, f"halted: {why}")  # kill first: no quorum, no work
         if repo not in self.repos.owned():
-            return  # the owner's side records it (its own halt, or failover)
+            return  # the owner records it: its own halt, or the leader's reschedule (ADR 0036)
         async with self.locks.of(key):
             ledger = self.repos.ledger(repo)
             view = ledger.read(task_id)
