@@ -98,7 +98,9 @@ class LeaderWork:
     def publish_owned(self) -> None:
         owned = set(self.a.repos.owned())
         tasks: dict[str, dict[str, list[Any]]] = {r: {} for r in owned}
-        for repo, task_id in sorted(self.a.scheduler.active):
+        active = set(self.a.scheduler.active)
+        self._kinds = {k: v for k, v in self._kinds.items() if k in active}  # memory: live only
+        for repo, task_id in sorted(active):
             if repo not in owned or not self.task_is_consistent(repo, task_id):
                 continue
             try:
