@@ -130,6 +130,33 @@ def node_state(
     )
 
 
+def leader_view(
+    nodes: NodeState,
+    *,
+    term: int = 7,
+    leads: bool = True,
+    ttl_s: float = 2.5,
+    consistent: tuple[str, ...] | list[str] = (),
+    held: tuple[tuple[str, str, str, int], ...] | list[tuple[str, str, str, int]] = (),
+    gone_since: dict[str, float] | None = None,
+    **kw: Any,
+) -> Any:
+    """The leader's view for `kovanex.core.grants`; `held` rows are (repo, task, node,
+    epoch)."""
+    from kovanex.core.grants import Held, LeaderView
+
+    return LeaderView(
+        nodes=nodes,
+        leads=leads,
+        term=term,
+        ttl_s=ttl_s,
+        consistent=frozenset(consistent),
+        held=tuple(Held(*h) for h in held),
+        gone_since=dict(gone_since or {}),
+        **kw,
+    )
+
+
 # -- whole-cluster builders (kovanex.sim): nodes, clusters and task specs -----------------
 
 

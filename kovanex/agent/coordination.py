@@ -48,6 +48,7 @@ class Coordination(Protocol):
     def status(self) -> dict[str, Any]: ...
     def summary(self) -> dict[str, Any]: ...
     def can_place(self) -> bool: ...
+    def leads(self) -> bool: ...
     def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None: ...
 
 
@@ -79,6 +80,9 @@ class GossipCoordination:
 
     def can_place(self) -> bool:
         return True
+
+    def leads(self) -> bool:
+        return False  # no single decider on the gossip backend
 
     def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None:
         return None
@@ -355,6 +359,10 @@ class NatsCoordination:
 
     def can_place(self) -> bool:
         return core.can_place(self.state, self.ctx.clock.monotonic())
+
+    def leads(self) -> bool:
+        """We hold an unexpired lease: the single-decider decisions are ours (ADR 0036)."""
+        return core.leads(self.state, self.ctx.clock.monotonic())
 
     def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None:
         if tasks != self.state.consistent:

@@ -29,6 +29,7 @@ from kovanex.agent.failover import Failover
 from kovanex.agent.halting import ConsistentWork
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
+from kovanex.agent.leaderwork import LeaderWork
 from kovanex.agent.metrics import Metrics
 from kovanex.agent.ops import ControlOps
 from kovanex.agent.placement import LocalNode, Placer
@@ -155,6 +156,7 @@ class Agent:
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.upkeep = UpkeepService(ctx, self.repos, self.scheduler.forget, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
+        self.leader = LeaderWork(self)  # the leader's grants and reschedules (ADR 0036)
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
@@ -186,6 +188,9 @@ class Agent:
             self.coord.on_halt = self.consistent.halt
             self.coord.on_resume = self.consistent.resume
             self.coord.record = self.cluster.record
+            self.replicas.ownership.leader_decides = self.leader.decides_repo
+            self.failover.leader_decides = self.leader.decides_task
+            self.leader.requeued = self._requeued
 
     # -- wiring helpers ----------------------------------------------------------------
     def http_url(self) -> str:
@@ -294,6 +299,7 @@ class Agent:
             asyncio.create_task(self.upkeep.run()),
             asyncio.create_task(self.consistent.watch()),
             asyncio.create_task(self.promotions.run()),
+            *self.leader.start(),
         ]
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:

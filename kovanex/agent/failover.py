@@ -37,6 +37,8 @@ class Failover:
         self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
         # the tasks that can hold a lease (the scheduler's active set); None: every task
         self.tracked: Callable[[], Iterable[tuple[str, str]]] | None = None
+        # with coordination on, the leader re-places absolute-consistency tasks (ADR 0036)
+        self.leader_decides: Callable[[str, str], bool] = lambda repo, task: False
 
     def on_member_event(self, topic: str, member: Any) -> None:
         """Membership changed: capacity may have appeared, or a lease holder died."""
@@ -53,6 +55,8 @@ class Failover:
         for repo in self.repos.owned():
             ledger = self.repos.ledger(repo)
             for task_id in ledger.list_tasks():
+                if self.leader_decides(repo, task_id):
+                    continue
                 async with self.locks.of((repo, task_id)):
                     view = ledger.read(task_id)
                     for e in scheduler.requeue_held_by(repo, view, failed):

@@ -55,7 +55,7 @@ class ConsistentWork:
             return None
         return {"Term": str(self.coord.summary()["term"])}
 
-    def _spec(self, repo: str, task_id: str) -> specmod.TaskSpec | None:
+    def spec_of(self, repo: str, task_id: str) -> specmod.TaskSpec | None:
         try:
             data = self.repos.ledger(repo).spec_bytes(task_id) or b""
             return specmod.load_spec(data, specmod.SPEC_PATH, self.ctx.cfg.limits)
@@ -65,7 +65,7 @@ class ConsistentWork:
     def running(self) -> frozenset[tuple[str, str]]:
         out = set()
         for repo, task_id in list(self.runs.runs):
-            spec = self._spec(repo, task_id)
+            spec = self.spec_of(repo, task_id)
             if spec is not None and self.consistent(spec):
                 out.add((repo, task_id))
         return frozenset(out)
@@ -84,7 +84,7 @@ class ConsistentWork:
         key = (repo, task_id)
         self.runs.stand_down(key, f"halted: {why}")  # kill first: no quorum, no work
         if repo not in self.repos.owned():
-            return  # the owner's side records it (its own halt, or failover)
+            return  # the owner records it: its own halt, or the leader's reschedule (ADR 0036)
         async with self.locks.of(key):
             ledger = self.repos.ledger(repo)
             view = ledger.read(task_id)

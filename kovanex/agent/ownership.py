@@ -56,6 +56,9 @@ class OwnershipService:
         self.placer = placer
         self.on_owned = on_owned
         self.settle_s = settle_s
+        # wired with coordination on: the leader decides this repo (ADR 0036), so no
+        # replica takes it over by the gossip rule
+        self.leader_decides: Callable[[str], bool] = lambda repo: False
 
     # -- publishing ----------------------------------------------------------------------
     def publish(self, repo: str) -> None:
@@ -214,31 +217,59 @@ class OwnershipService:
     async def takeover_due(self, repo: str) -> None:
         """If the decider says we take `repo` over: write the new record (CAS against our
         disk), promote sync-acked commits, then announce and start owning."""
+        if self.leader_decides(repo):
+            return  # absolute-consistency work: only the leader's grant moves it
         async with self.rt.lock(repo):
             effects = decider.takeover_due(self.peers.state(self.settle_s), repo)
             eff = next((e for e in effects if isinstance(e, decider.TakeOver)), None)
-            if eff is None or self.rt.known.get(repo) != eff.old:
+            if eff is None or not await self._take_locked(repo, eff.old, eff.new, None):
                 return
-            local = await self.rt.thread(self.rt.read_ownership, repo)
-            if local is not None and (local.epoch > eff.old.epoch or local.owner == self.rt.node):
-                return  # our disk knows better than gossip: let the next pass re-read
-            # the record gossip carried (it may list newer replicas than our meta ref), CAS'd
-            # against what our disk holds
-            try:
-                await self.rt.thread(self.rt.write_ownership, repo, eff.new, local)
-            except (OwnershipConflict, StaleEpoch) as e:
-                self.rt.error(f"{repo}: takeover lost a race: {e}")
-                return
-            promoted = await self.rt.thread(self._promote_staging, repo)
-            self.rt.known[repo] = eff.new
-            self.fetcher.forget(repo)  # a fetch from the dead owner may still hang
-            log.warning(
-                "%s: took over from %s at epoch %d (promoted %s)",
-                repo,
-                eff.old.owner,
-                eff.new.epoch,
-                promoted,
-            )
+        await self._owned(repo)
+
+    async def granted(self, repo: str, old: Ownership, new: Ownership, term: int) -> bool:
+        """The leader granted us `repo` at `term` (core/grants.py): the same takeover, its
+        record written with `Kovanex-Term` and refused if an older term than the history's."""
+        async with self.rt.lock(repo):
+            if new.owner != self.rt.node or not self.rt.path(repo).exists():
+                return False
+            known = self.rt.known.get(repo)
+            if known is not None and (known.epoch, known.owner) != (old.epoch, old.owner):
+                return False  # the record moved since the leader decided
+            if not await self._take_locked(repo, old, new, term):
+                return False
+        await self._owned(repo)
+        return True
+
+    async def _take_locked(
+        self, repo: str, old: Ownership, new: Ownership, term: int | None
+    ) -> bool:
+        if term is None and self.rt.known.get(repo) != old:
+            return False  # gossip moved on since the decider looked
+        local = await self.rt.thread(self.rt.read_ownership, repo)
+        if local is not None and (local.epoch > old.epoch or local.owner == self.rt.node):
+            return False  # our disk knows better than gossip: let the next pass re-read
+        # the record gossip carried (it may list newer replicas than our meta ref), CAS'd
+        # against what our disk holds
+        try:
+            await self.rt.thread(self.rt.write_ownership, repo, new, local, term)
+        except (OwnershipConflict, StaleEpoch) as e:  # StaleOwnerTerm is a StaleEpoch
+            self.rt.error(f"{repo}: takeover lost a race: {e}")
+            return False
+        promoted = await self.rt.thread(self._promote_staging, repo)
+        self.rt.known[repo] = new
+        self.fetcher.forget(repo)  # a fetch from the dead owner may still hang
+        how = "" if term is None else f" (granted at leader term {term})"
+        log.warning(
+            "%s: took over from %s at epoch %d%s (promoted %s)",
+            repo,
+            old.owner,
+            new.epoch,
+            how,
+            promoted,
+        )
+        return True
+
+    async def _owned(self, repo: str) -> None:
         await self.snapshot_and_publish(repo)
         self.lag.refs_changed(repo)
         try:

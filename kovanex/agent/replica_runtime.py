@@ -91,9 +91,11 @@ class Runtime:
     def read_ownership(self, repo: str) -> Ownership | None:
         return read_ownership(Pygit2Store(str(self.path(repo))))
 
-    def write_ownership(self, repo: str, new: Ownership, expected: Ownership | None) -> None:
+    def write_ownership(
+        self, repo: str, new: Ownership, expected: Ownership | None, term: int | None = None
+    ) -> None:
         store = Pygit2Store(str(self.path(repo)))
-        write_ownership(store, new, expected, time=int(self.clock.time()))
+        write_ownership(store, new, expected, time=int(self.clock.time()), term=term)
 
 
 def parse_owner(v: Any) -> Ownership | None:

@@ -5,7 +5,10 @@ The ref points at a commit whose tree holds `ownership.json` and whose message c
 ownership history and the record replicates with the repo like any other ref. Writes are a
 compare-and-swap on that ref plus an epoch rule (fencing, as for task leases,
 docs/ARCHITECTURE.md section 2): a new owner needs a higher epoch; at the same epoch only the same
-owner may change its replication level or replica set.
+owner may change its replication level or replica set. With coordination on, the leader
+grants a repo that holds absolute-consistency work (core/grants.py): that record carries a
+`Kovanex-Term` trailer, and a write carrying an older term than the history has seen is
+refused (`StaleOwnerTerm`), so a deposed leader's late grant cannot land (ADR 0036).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import json
 
 from kovanex.core.replication import META_REF, Ownership
-from kovanex.gitstate.store import CasConflict, RefStore, StaleEpoch
-from kovanex.gitstate.trailers import build_message
+from kovanex.gitstate.store import CasConflict, RefStore, StaleEpoch, StaleTerm
+from kovanex.gitstate.trailers import build_message, trailer_dict
 
 OWNERSHIP_FILE = "ownership.json"
 
@@ -26,6 +29,29 @@ class StaleOwnerEpoch(StaleEpoch):
         super().__init__(META_REF, given.epoch, current.epoch)
         self.given_ownership = given
         self.current_ownership = current
+
+
+class StaleOwnerTerm(StaleTerm):
+    """A grant from an older leader term than the ownership history has seen."""
+
+    def __init__(self, given: int, current: int) -> None:
+        super().__init__(META_REF, given, current)
+
+
+T_TERM = "Kovanex-Term"
+TERM_SCAN = 200  # the recent history: terms only grow along the chain
+
+
+def newest_term(store: RefStore) -> int:
+    """The newest `Kovanex-Term` on the ownership history (0: never granted by a leader)."""
+    oid = store.get_ref(META_REF)
+    if oid is None:
+        return 0
+    best = 0
+    for c in store.walk(oid, TERM_SCAN):
+        raw = trailer_dict(c.message).get(T_TERM, "")
+        best = max(best, int(raw) if raw.isdigit() else 0)
+    return best
 
 
 class OwnershipConflict(CasConflict):
@@ -103,17 +129,21 @@ def write_ownership(
     expected: Ownership | None,
     *,
     time: int | None = None,
+    term: int | None = None,
 ) -> str:
     """Record `new` if the record is still `expected`; returns the meta commit's oid.
 
     Raises OwnershipConflict if the record changed since the caller read it (re-read and
-    re-decide, never retry blindly) and StaleOwnerEpoch if `new` does not supersede it.
+    re-decide, never retry blindly), StaleOwnerEpoch if `new` does not supersede it, and
+    StaleOwnerTerm if `term` (a leader's grant) is older than the newest term recorded.
     Writing the record it already holds is a no-op.
     """
     old_oid, current = _read(store)
     if current != expected:
         raise OwnershipConflict(expected, current, old_oid)
     check_transition(current, new)
+    if term is not None and term < (seen := newest_term(store)):
+        raise StaleOwnerTerm(term, seen)
     if current == new and old_oid is not None:
         return old_oid
     base_tree = store.read_commit(old_oid).tree if old_oid is not None else None
@@ -130,6 +160,8 @@ def write_ownership(
         ("Kovanex-Replication", new.level),
         ("Kovanex-Replicas", ",".join(new.replicas) or "-"),
     ]
+    if term is not None:
+        trailers.append((T_TERM, str(term)))
     message = build_message(subject, trailers)
     parents = [old_oid] if old_oid is not None else []
     oid = store.create_commit(

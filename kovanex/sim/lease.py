@@ -26,7 +26,10 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kovanex.core import grants
 from kovanex.core import leader as ld
+from kovanex.core.replication import Ownership
+from kovanex.core.takeover import NodeState
 from kovanex.sim.coord import LEADER_KEY, Answer, Backend
 
 if TYPE_CHECKING:
@@ -329,8 +332,36 @@ class LeaseModel:
                     self.write(node, jid, new, ("queued", ""), hold=PAUSE_S, term=term)
                     return
                 self.write(node, jid, new, ("queued", ""))
-            elif cur.state in ("placed", "running") and self._quiet(cur.node, QUIET_S):
-                self.write(node, jid, JobVal("queued", at=now), (cur.state, cur.node))
+        for r in grants.reschedules(self._leader_view(node), now):
+            cur = self.val(r.task_id)[1]
+            if cur is not None and cur.state in ("placed", "running") and cur.node == r.node:
+                self.write(node, r.task_id, JobVal("queued", at=now), (cur.state, cur.node))
+
+    def _leader_view(self, node: LeaseNode) -> grants.LeaderView:
+        """The agent's re-placement rule (core/grants.py, ADR 0036) over the register: a
+        node is seen gone once its heartbeat is `halt_s` old, and expires a TTL later, when
+        it is `QUIET_S` quiet (it has halted its runs by then)."""
+        gone = {}
+        for n in self.nodes:
+            hb = self.backend.reg.get(f"hb/{n}")[1]
+            if hb is None or self.w.now - hb > CONFIG.halt_s:
+                gone[n] = (hb if hb is not None else 0.0) + CONFIG.halt_s
+        held = []
+        for jid in sorted(self.jobs):
+            cur = self.val(jid)[1]
+            if cur is not None and cur.state in ("placed", "running"):
+                held.append(grants.Held(REPO, jid, cur.node, 0))
+        # the jobs' register is the leader's own: it is the "owner" that requeues
+        known = {REPO: Ownership(node.name, 1, (), "none", 0)}
+        return grants.LeaderView(
+            nodes=NodeState(me=node.name, known=known),
+            leads=ld.leads(node.s, self.w.now),
+            term=node.s.term,
+            ttl_s=QUIET_S - CONFIG.halt_s,
+            consistent=frozenset({REPO}),
+            held=tuple(held),
+            gone_since=gone,
+        )
 
     def _pause(self, node: LeaseNode) -> bool:
         if self.pause_at is None or self.w.now < self.pause_at:
