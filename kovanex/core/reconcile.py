@@ -21,8 +21,9 @@ lease (placed/running on the deposed side): then it is requeued the same way.
 The tree: a 3-way choice against the merge base's tree: the side that changed it wins; if
 both changed it, the survivor's (the other tree stays reachable through the second parent).
 Branches whose task asks for `absolute_consistency` are never merged (its minority halts
-and writes nothing acknowledged); other refs under refs/heads/ merge with the tree rule and
-no task state.
+and writes nothing acknowledged), but one only the deposed side has and holds no lease on
+(pushed there, never placed) is adopted as is; other refs under refs/heads/ merge with the
+tree rule and no task state.
 """
 
 from __future__ import annotations
@@ -105,10 +106,10 @@ def reconcile(
     to be done: their tip is already in our history (`contained`), or the task asks for
     absolute consistency. An absent `ours` with no lease to fence is adopted as is (a Merge
     with their tip as the only parent and no transition means: set the ref there)."""
-    if contained or theirs.failover == ABSOLUTE_CONSISTENCY:
+    if contained:
         return None
-    if ours is not None and ours.failover == ABSOLUTE_CONSISTENCY:
-        return None
+    if ABSOLUTE_CONSISTENCY in (theirs.failover, ours.failover if ours else None):
+        return _consistent(ref, ours, theirs)
     tag = describe(ours, theirs)
     tree = choose_tree(ours.tree if ours else None, theirs.tree, base_tree)
     parents = (ours.tip, theirs.tip) if ours is not None else (theirs.tip,)
@@ -132,6 +133,16 @@ def reconcile(
         extra={TRAILER: tag},
     )
     return Merge(ref, parents, tree, tr)
+
+
+def _consistent(ref: str, ours: Side | None, theirs: Side) -> Merge | None:
+    """An absolute_consistency branch is never merged. One only the deposed side has,
+    holding no lease there, is adopted as is: a push its side acknowledged but never
+    placed (no quorum, no placement), or a halted task; the survivor places it under a
+    quorum. Not adopting it lost the push (tests/test_partition_nats.py found it)."""
+    if ours is None and theirs.view is not None and theirs.view.state not in LIVE_LEASE:
+        return Merge(ref, (theirs.tip,), theirs.tree, None)
+    return None
 
 
 def adopt_only(m: Merge) -> bool:
