@@ -355,8 +355,19 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
     x = exchange_dir()
     owner.kx("repo", "create", "vault")
     owner.kx("repo", "replication", "vault", "sync", "--replicas", "2")
+    # a sync push is refused until two replicas hold the repo: place them, then push (a
+    # refused push acknowledges nothing, so a client may simply retry it)
+    wait_for(
+        lambda: len(owner.ctl("repo.status", name="vault")["replicas"]) == 2,
+        within(10),
+        "two replicas placed",
+    )
     for task, failover in (("pay-v", "absolute_consistency"), ("web-v", "split_brain_allowed")):
-        assert push(c, owner, "vault", task, failover, x).returncode == 0
+        wait_for(
+            lambda t=task, f=failover: push(c, owner, "vault", t, f, x).returncode == 0,
+            within(10),
+            f"{task} acknowledged by the sync owner",
+        )
     wait_for(
         lambda: (x / "pay-v.starts").exists() and (x / "web-v.starts").exists(),
         within(10),
