@@ -176,6 +176,22 @@ def push(
     return p
 
 
+def run_pair(c: Cluster, to: NsNode, repo: str, consistent: str, other: str, x: Path) -> None:
+    """Push an absolute_consistency and a split_brain_allowed task to `to` (retried until
+    acknowledged: a refused push acknowledges nothing) and wait until both run."""
+    for task, failover in ((consistent, "absolute_consistency"), (other, "split_brain_allowed")):
+        wait_for(
+            lambda t=task, f=failover: push(c, to, repo, t, f, x).returncode == 0,
+            within(10),
+            f"{task} acknowledged by {to.name}",
+        )
+    wait_for(
+        lambda: (x / f"{consistent}.starts").exists() and (x / f"{other}.starts").exists(),
+        within(10),
+        f"{consistent} and {other} run",
+    )
+
+
 def ack_branches(c: Cluster, n: NsNode, repo: str, *refs: str) -> None:
     """What n's branches hold now is acknowledged (pushes, and the agent's own commits)."""
     c.acked.setdefault(repo, set()).update(heads(n, repo, *refs))
@@ -310,13 +326,7 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
     owner = nodes[other]  # a minority node owns the repo and runs both tasks
     x = exchange_dir()
     owner.kx("repo", "create", "bank")
-    for task, failover in (("pay-1", "absolute_consistency"), ("web-1", "split_brain_allowed")):
-        assert push(c, owner, "bank", task, failover, x).returncode == 0
-    wait_for(
-        lambda: (x / "pay-1.starts").exists() and (x / "web-1.starts").exists(),
-        within(10),
-        "both tasks run",
-    )
+    run_pair(c, owner, "bank", "pay-1", "web-1", x)
     log = git("log", "--format=%B", "refs/heads/task/pay-1", cwd=owner.repo("bank")).stdout
     assert "Kovanex-Term:" in log  # the consistent placement carries the leader term
     ack_branches(c, owner, "bank")
@@ -362,17 +372,7 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
         within(10),
         "two replicas placed",
     )
-    for task, failover in (("pay-v", "absolute_consistency"), ("web-v", "split_brain_allowed")):
-        wait_for(
-            lambda t=task, f=failover: push(c, owner, "vault", t, f, x).returncode == 0,
-            within(10),
-            f"{task} acknowledged by the sync owner",
-        )
-    wait_for(
-        lambda: (x / "pay-v.starts").exists() and (x / "web-v.starts").exists(),
-        within(10),
-        "both tasks run",
-    )
+    run_pair(c, owner, "vault", "pay-v", "web-v", x)
 
     def caught_up() -> bool:
         reps = owner.ctl("repo.status", name="vault")["replicas"]
@@ -416,17 +416,8 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
         return next((n for n in maj if n.name == name and epoch > 1), None)
 
     new = wait_for(taken, within(20), "a majority node takes the sync repo over")
-    for task, failover in (("pay-m", "absolute_consistency"), ("web-m", "split_brain_allowed")):
-        wait_for(
-            lambda t=task, f=failover: push(c, new, "vault", t, f, x).returncode == 0,
-            within(20),
-            f"{task} acknowledged by {new.name} (once it has two replicas again)",
-        )
-    wait_for(
-        lambda: (x / "pay-m.starts").exists() and (x / "web-m.starts").exists(),
-        within(15),
-        "the majority places its consistent and split_brain_allowed work",
-    )
+    # (acknowledged once it has two replicas again; its consistent work is placed)
+    run_pair(c, new, "vault", "pay-m", "web-m", x)
     # the minority: split_brain_allowed work runs on, the halted task is not placed again
     assert owner.task("web-v")["state"] == "running"
     assert owner.task("pay-v")["state"] == "queued"
