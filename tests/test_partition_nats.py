@@ -458,3 +458,32 @@ def test_the_deposed_sync_owner_places_no_consistent_work_after_the_heal(
     )
     assert state == "succeeded"  # resumed after the heal, from its last step commit
     assert [s["state"] for s in new.task("pay-v")["steps"]] == ["ok", "ok"]
+
+
+def test_a_flapping_link_never_makes_two_leaders(cluster: Cluster) -> None:
+    c, nodes = cluster, cluster.nodes
+    leader, term = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
+    flapper = next(i for i, n in enumerate(nodes) if n.name == leader)
+    rest = [i for i in range(N) if i != flapper]
+    held: dict[int, set[str]] = {}  # term -> every node seen leading it
+
+    def watch() -> dict[str, int]:
+        now = leaders(nodes)
+        for name, t in now.items():
+            held.setdefault(t, set()).add(name)
+        return now
+
+    for _ in range(3):
+        c.net.cut(flapper)
+        wait_for(
+            lambda: (watch() or True) and nodes[flapper].view()["leader"] is None,
+            within(TTL_S + HALT_SLACK_S),
+            "the cut-off node stops reporting a leader",
+        )
+        majority_leads(c, rest, [flapper])
+        c.net.heal(flapper)
+        wait_for(lambda: len(watch()) == 1, within(15), "one leader after the flap")
+    _, final_term = wait_for(lambda: agreed(nodes, view_of), within(20), "agreement")
+    assert final_term > term
+    assert all(len(v) == 1 for v in held.values()), f"a term with two leaders: {held}"
+    healed(c)
