@@ -21,9 +21,10 @@ lease (placed/running on the deposed side): then it is requeued the same way.
 The tree: a 3-way choice against the merge base's tree: the side that changed it wins; if
 both changed it, the survivor's (the other tree stays reachable through the second parent).
 Branches whose task asks for `absolute_consistency` are never merged (its minority halts
-and writes nothing acknowledged), but one only the deposed side has and holds no lease on
-(pushed there, never placed) is adopted as is; other refs under refs/heads/ merge with the
-tree rule and no task state.
+and writes nothing acknowledged), but one only the deposed side has (pushed to the
+minority: an acknowledged push) is adopted like any other, its lease there fenced; not
+adopting it lost the push (tests/test_partition_nats.py found it). Other refs under
+refs/heads/ merge with the tree rule and no task state.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def reconcile(
     with their tip as the only parent and no transition means: set the ref there)."""
     if contained:
         return None
-    if ABSOLUTE_CONSISTENCY in (theirs.failover, ours.failover if ours else None):
-        return _consistent(ref, ours, theirs)
+    if ours is not None and ABSOLUTE_CONSISTENCY in (theirs.failover, ours.failover):
+        return None  # never merged; one only the deposed side has is adopted (module doc)
     tag = describe(ours, theirs)
     tree = choose_tree(ours.tree if ours else None, theirs.tree, base_tree)
     parents = (ours.tip, theirs.tip) if ours is not None else (theirs.tip,)
@@ -133,16 +134,6 @@ def reconcile(
         extra={TRAILER: tag},
     )
     return Merge(ref, parents, tree, tr)
-
-
-def _consistent(ref: str, ours: Side | None, theirs: Side) -> Merge | None:
-    """An absolute_consistency branch is never merged. One only the deposed side has,
-    holding no lease there, is adopted as is: a push its side acknowledged but never
-    placed (no quorum, no placement), or a halted task; the survivor places it under a
-    quorum. Not adopting it lost the push (tests/test_partition_nats.py found it)."""
-    if ours is None and theirs.view is not None and theirs.view.state not in LIVE_LEASE:
-        return Merge(ref, (theirs.tip,), theirs.tree, None)
-    return None
 
 
 def adopt_only(m: Merge) -> bool:
