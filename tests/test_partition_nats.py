@@ -61,6 +61,7 @@ SLOW = float(os.environ.get("KOVANEX_TEST_SLOW", "5"))
 # slack: one renewal interval (the decider's timer granularity), the kill of the step and
 # the halted commit, and our own polling, on a loaded host.
 HALT_SLACK_S = 4.0
+FINAL = ("succeeded", "failed", "cancelled", "unschedulable")
 
 
 def within(idle_s: float) -> float:
@@ -109,7 +110,9 @@ class Cluster:
     # across the whole run: the heal checks find each one on a branch of the owner
     acked: dict[str, set[str]] = field(default_factory=dict)
     done: list[tuple[str, str]] = field(default_factory=list)  # (repo, task) that finish
-    deposed: tuple[NsNode, NsNode] | None = None  # the sync scenario's (old, new) owner
+    # (old owner, repo, tasks pinned to it) where a heal deposed the owner: after such a
+    # heal the known bug below bites those tasks, so the xfail test checks them
+    deposed: list[tuple[NsNode, str, tuple[str, ...]]] = field(default_factory=list)
 
 
 def view_of(n: Node) -> dict[str, Any]:
@@ -347,13 +350,16 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
     c.net.heal()
     wait_for(lambda: (a := agreed(nodes, view_of)) and a[0] == new, within(20), "one leader")
     (x / "release").write_text("go")
-    c.done += [("bank", t) for t in ("pay-1", "pay-2", "web-1")]
-    survivor = healed(c)["bank"]
-    # pay-1 ran its waiting step before the halt and again, resumed, after the heal (a
-    # third run is the deposed-owner bug the xfail test below describes, when the
-    # majority took this repo over)
-    assert len((x / "pay-1.starts").read_text().split()) >= 2
-    assert [s["state"] for s in survivor.task("pay-1")["steps"]] == ["ok", "ok"]
+    tasks = ("pay-1", "pay-2", "web-1")
+    if one_owner_each(c)["bank"] is not owner:  # bank's replica was on the majority side
+        c.deposed.append((owner, "bank", tasks))
+        healed(c)
+        return
+    c.done += [("bank", t) for t in tasks]
+    healed(c)
+    # pay-1 ran its waiting step twice: before the halt, and resumed after the heal
+    assert len((x / "pay-1.starts").read_text().split()) == 2
+    assert [s["state"] for s in owner.task("pay-1")["steps"]] == ["ok", "ok"]
 
 
 def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
@@ -427,37 +433,40 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
 
     c.net.heal()
     (x / "release").write_text("go")
-    c.deposed = (owner, new)  # pay-v after the heal: see the next test
-    c.done += [("vault", t) for t in ("web-v", "pay-m", "web-m")]
+    c.deposed.append((owner, "vault", ("pay-v", "web-v")))
+    c.done += [("vault", t) for t in ("pay-m", "web-m")]
     healed(c)
 
 
 @pytest.mark.xfail(
     reason="agent bug (issue 12 part 2, not in main yet: the leader granting ownership of "
-    "repos with absolute_consistency tasks): after the heal the deposed sync owner regains "
-    "its NATS quorum seconds before gossip tells it of the takeover, so it places the "
-    "halted task again under its stale ownership (a grant the survivor never sees: it ends "
-    "under lost/), and the survivor's own placement on it is ignored until the placement "
-    "deadline excludes the node",
+    "repos with absolute_consistency tasks): right after a heal a deposed owner regains its "
+    "NATS quorum before gossip tells it of the takeover (owner records reach it at the next "
+    "push-pull), so it places consistent work again under its stale ownership (a grant the "
+    "survivor never sees: it ends under lost/), and it ignores the survivor's placements "
+    "on it until the placement deadline excludes it, leaving tasks pinned there "
+    "unschedulable",
     strict=False,
 )
-def test_the_deposed_sync_owner_places_no_consistent_work_after_the_heal(
+def test_a_deposed_owner_places_no_consistent_work_and_its_tasks_finish(
     cluster: Cluster,
 ) -> None:
-    if cluster.deposed is None:
-        pytest.skip("the sync-owner scenario did not get to its heal")
-    old, new = cluster.deposed
-    lost = git("for-each-ref", "--format=%(refname)", "refs/kovanex/lost/", cwd=old.repo("vault"))
-    stale = placements(old, "vault", "pay-v", *lost.stdout.split()) - placements(
-        new, "vault", "pay-v"
-    )
-    assert not stale, f"{old.name} placed pay-v under a deposed ownership: {stale}"
-    final = ("succeeded", "failed", "cancelled", "unschedulable")
-    state = wait_for(
-        lambda: (s := new.task("pay-v")["state"]) in final and s, within(20), "pay-v final"
-    )
-    assert state == "succeeded"  # resumed after the heal, from its last step commit
-    assert [s["state"] for s in new.task("pay-v")["steps"]] == ["ok", "ok"]
+    if not cluster.deposed:
+        pytest.skip("no scenario deposed an owner")
+    owners = one_owner_each(cluster)
+    for old, repo, tasks in cluster.deposed:
+        new = owners[repo]
+        lost = git("for-each-ref", "--format=%(refname)", "refs/kovanex/lost/", cwd=old.repo(repo))
+        for task in tasks:
+            stale = placements(old, repo, task, *lost.stdout.split()) - placements(new, repo, task)
+            assert not stale, f"{old.name} placed {task} under a deposed ownership: {stale}"
+        for task in tasks:
+            state = wait_for(
+                lambda n=new, t=task: (s := n.task(t)["state"]) in FINAL and s,
+                within(20),
+                f"{task} final",
+            )
+            assert state == "succeeded", f"{repo}/{task} ended {state} on {new.name}"
 
 
 def test_a_flapping_link_never_makes_two_leaders(cluster: Cluster) -> None:
