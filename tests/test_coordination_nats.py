@@ -5,6 +5,7 @@ the gossip backend."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,11 @@ def nats_cluster(tmp_path: Path, count: int = 3) -> list[Node]:
     return nodes
 
 
-def agreed(nodes: list[Node]) -> tuple[str, int] | None:
-    """The (leader, term) every node reports, or None while they disagree."""
-    seen = {(s["leader"], s["term"]) for s in map(status, nodes)}
+def agreed(nodes: list[Node], look: Callable[[Node], dict] = status) -> tuple[str, int] | None:
+    """The (leader, term) every node reports, or None while they disagree. `look` reads
+    one node's `cluster status` (the CLI by default; the partition tests poll the same op
+    through the control socket, which is much cheaper on a loaded host)."""
+    seen = {(s["leader"], s["term"]) for s in map(look, nodes)}
     if len(seen) == 1:
         leader, term = seen.pop()
         if leader is not None:

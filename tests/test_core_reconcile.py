@@ -78,6 +78,24 @@ def test_nothing_to_do_when_contained_or_absolute_consistency() -> None:
     assert rc.reconcile(REF, ours, ac, contained=False, base_tree="T0") is None
 
 
+def test_a_consistent_branch_only_the_deposed_side_had_is_adopted_its_lease_fenced() -> None:
+    """A task pushed to the minority (an acknowledged push) keeps its branch after the
+    heal: as is, or requeued at a new epoch when the deposed side holds a lease on it; a
+    consistent branch both sides have is still never merged."""
+    ac = rc.ABSOLUTE_CONSISTENCY
+    for state in (core.QUEUED, core.SUCCEEDED):
+        theirs = side("n1", "t" * 40, view(state, 3), tree="T7", failover=ac)
+        m = rc.reconcile(REF, None, theirs, contained=False, base_tree=None)
+        assert m is not None and rc.adopt_only(m) and m.parents == ("t" * 40,) and m.tree == "T7"
+    leased = side("n1", "t" * 40, view(core.RUNNING, 3), failover=ac)
+    m = rc.reconcile(REF, None, leased, contained=False, base_tree=None)
+    assert m is not None and m.parents == ("t" * 40,) and m.transition is not None
+    assert (m.transition.state, m.transition.epoch) == ("queued", 4)
+    ours = side("n2", "o" * 40, view(core.QUEUED, 2), failover=ac)
+    theirs = side("n1", "t" * 40, view(core.QUEUED, 3), failover=ac)
+    assert rc.reconcile(REF, ours, theirs, contained=False, base_tree="T0") is None
+
+
 def test_branch_only_the_deposed_side_had_is_adopted_or_its_lease_fenced() -> None:
     queued = side("n1", "t" * 40, view(core.QUEUED, 1))
     m = rc.reconcile(REF, None, queued, contained=False, base_tree=None)

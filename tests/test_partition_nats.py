@@ -1,26 +1,49 @@
 """Issue 12 part 5: real partitions between real agents (each with its nats-server child),
 one network namespace per node on a bridge, links cut by bringing a veth down.
 
-One 5-node cluster serves the scenarios in order (starting it is the slow part):
+One 5-node cluster serves the scenarios in order (starting it is the slow part); each one
+heals fully before the next, and every one ends with the same checks (`healed`):
 - split 2 | 3 with the leader on the minority side (so the leader is isolated from the
-  quorum too): one leader, on the majority side, at a higher term; the minority halts its
-  absolute_consistency task and places none, while split_brain_allowed work goes on; after
-  the heal one leader everywhere, the halted task resumes and succeeds, git fsck is clean;
-- a flapping link: a follower's link goes down and up several times; never two leaders
-  at once, and one agreed leader afterwards.
+  quorum too), the minority owning an async repo with a consistent and a
+  split_brain_allowed task;
+- the owner of a sync repo (2 replicas) isolated alone: it refuses pushes, the majority
+  takes the repo over, the consistent task halts, the split_brain_allowed one runs on;
+- a flapping link under the leader: never two leaders for one term, one agreed leader
+  after it.
+During a partition: one leader, on the majority side; the minority halts its
+absolute_consistency work within the lease TTL (measured from the cut, plus a stated
+slack) and places none; split_brain_allowed work goes on. After the heal: one leader,
+exactly one owner per repo that every node agrees on, reconciliation done, every
+acknowledged commit of the whole run on a branch of its repo's owner, `git fsck` clean on
+every node.
+
+Timing: every wait is a condition with a deadline (`within`) scaled for a loaded 2-core
+host; the only bound asserted is the one the issue sets (halt within the lease TTL).
+Views are read through each agent's control socket (what `kovanex cluster status` and
+`repo describe` call) and task states with the CLI's own reader, not one CLI process per
+poll. Pushes run inside the pusher's namespace, so the hooks reach that node's agent.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kovanex import config as cfgmod
+from kovanex.agent import control
+from kovanex.cli.taskcmd import describe, find_task
+from kovanex.coordcfg import CoordinationConfig
+from kovanex.gitstate.refs import RECONCILE
 from tests.agentkit import Node, exchange_dir, fsck, git, wait_for
 from tests.netnskit import Net, skip_reason
-from tests.test_coordination_nats import agreed, gossip_addr, status
+from tests.test_coordination_nats import agreed, gossip_addr
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,6 +51,21 @@ pytestmark = [
 ]
 TOKEN = "t0ken-for-partition-tests"
 N = 5
+TTL_S = CoordinationConfig().lease_ttl_s
+# A loaded 2-core host (seven helpers' suites at once) runs these agents several times
+# slower than an idle one: deadlines are the idle figure times this factor. A deadline
+# only bounds how long a failure takes to report; nothing waits for it to pass.
+SLOW = float(os.environ.get("KOVANEX_TEST_SLOW", "5"))
+# The one bound the issue sets: a node that cannot renew through a quorum halts its
+# consistent work within the lease TTL. Measured from the cut, we allow the TTL plus this
+# slack: one renewal interval (the decider's timer granularity), the kill of the step and
+# the halted commit, and our own polling, on a loaded host.
+HALT_SLACK_S = 4.0
+FINAL = ("succeeded", "failed", "cancelled", "unschedulable")
+
+
+def within(idle_s: float) -> float:
+    return idle_s * SLOW
 
 
 class NsNode(Node):
@@ -45,18 +83,68 @@ class NsNode(Node):
         cmd += ["--coordination", "nats", "--labels", f"node={name}", "--units", "none"]
         subprocess.run(cmd, check=True, capture_output=True)
 
+    def ctl(self, op: str, **args: Any) -> Any:
+        """The agent's control socket: what the CLI's `cluster status` / `repo ...` call."""
+        return control.call(self.data / "run" / "agent.sock", op, **args)
 
-def leaders(nodes: list[Node]) -> set[str]:
-    """Nodes that call themselves leader right now."""
-    out = set()
+    def view(self) -> dict[str, Any]:
+        return self.ctl("cluster.status")
+
+    def task(self, task: str) -> dict[str, Any]:
+        """What `kovanex task show --format json` prints (its own reader, in process)."""
+        return describe(*find_task(cfgmod.Layout(self.data), task, None), task)
+
+    def git_in_ns(self, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        """git run inside this node's namespace: a push there reaches this node's agent
+        through its hooks, as a user on that side of the partition would."""
+        cmd = [*self.prefix, "git", *args]
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+@dataclass
+class Cluster:
+    net: Net
+    nodes: list[NsNode]
+    root: Path
+    # repo -> every commit acknowledged to a user or written by an agent as settled,
+    # across the whole run: the heal checks find each one on a branch of the owner
+    acked: dict[str, set[str]] = field(default_factory=dict)
+    done: list[tuple[str, str]] = field(default_factory=list)  # (repo, task) that finish
+    # (old owner, repo, tasks pinned to it) where a heal deposed the owner: after such a
+    # heal the known bug below bites those tasks, so the xfail test checks them
+    deposed: list[tuple[NsNode, str, tuple[str, ...]]] = field(default_factory=list)
+
+
+def view_of(n: Node) -> dict[str, Any]:
+    assert isinstance(n, NsNode)
+    return n.view()
+
+
+def leaders(nodes: list[NsNode]) -> dict[str, int]:
+    """Nodes that call themselves leader right now, with their term."""
+    out = {}
     for n in nodes:
-        st = status(n)
-        out |= {r["id"] for r in st["nodes"] if r["role"] == "leader" and r["id"] == n.name}
+        st = n.view()
+        if any(r["role"] == "leader" and r["id"] == n.name for r in st["nodes"]):
+            out[n.name] = st["term"]
     return out
 
 
 def tip_message(n: Node, repo: str, task: str) -> str:
     return git("log", "-1", "--format=%B", f"refs/heads/task/{task}", cwd=n.repo(repo)).stdout
+
+
+def heads(n: Node, repo: str, *refs: str) -> set[str]:
+    """Every commit reachable from `refs` (all branches if none) in n's copy of repo."""
+    args = list(refs) or ["--branches"]
+    return set(git("rev-list", *args, cwd=n.repo(repo), check=False).stdout.split())
+
+
+def placements(n: Node, repo: str, task: str, *refs: str) -> set[str]:
+    """The `placed` commits of a task reachable from refs (its branch by default)."""
+    args = list(refs) or [f"refs/heads/task/{task}"]
+    out = git("log", "--format=%H %s", *args, cwd=n.repo(repo), check=False).stdout
+    return {ln.split()[0] for ln in out.splitlines() if f"placed {task} on" in ln}
 
 
 SPEC = """failover = "{failover}"
@@ -72,15 +160,138 @@ timeout_s = 600
 """
 
 
-def push(n: Node, repo: str, task: str, failover: str, x: Path, tmp: Path) -> None:
-    work = tmp / f"w-{task}"
-    git("init", "-q", str(work))
-    (work / ".kovanex").mkdir()
-    spec = SPEC.format(failover=failover, node=n.name, x=x, task=task)
-    (work / ".kovanex" / "task.toml").write_text(spec)
-    git("add", "-A", cwd=work)
-    git("commit", "-q", "-m", task, cwd=work)
-    git("push", "-q", str(n.repo(repo)), f"HEAD:refs/heads/task/{task}", cwd=work)
+def push(
+    c: Cluster, to: NsNode, repo: str, task: str, failover: str, x: Path, on: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Push a new task branch to `to` from inside its namespace (running on node `on`,
+    `to` by default); an accepted push is recorded as acknowledged."""
+    work = c.root / f"w-{task}"
+    if not work.exists():  # a retried push sends the same commit again
+        git("init", "-q", str(work))
+        (work / ".kovanex").mkdir()
+        spec = SPEC.format(failover=failover, node=on or to.name, x=x, task=task)
+        (work / ".kovanex" / "task.toml").write_text(spec)
+        git("add", "-A", cwd=work)
+        git("commit", "-q", "-m", task, cwd=work)
+    p = to.git_in_ns("push", "-q", str(to.repo(repo)), f"HEAD:refs/heads/task/{task}", cwd=work)
+    if p.returncode == 0:
+        c.acked.setdefault(repo, set()).add(git("rev-parse", "HEAD", cwd=work).stdout.strip())
+    return p
+
+
+def run_pair(c: Cluster, to: NsNode, repo: str, consistent: str, other: str, x: Path) -> None:
+    """Push an absolute_consistency and a split_brain_allowed task to `to` (retried until
+    acknowledged: a refused push acknowledges nothing) and wait until both run."""
+    for task, failover in ((consistent, "absolute_consistency"), (other, "split_brain_allowed")):
+        wait_for(
+            lambda t=task, f=failover: push(c, to, repo, t, f, x).returncode == 0,
+            within(10),
+            f"{task} acknowledged by {to.name}",
+        )
+    wait_for(
+        lambda: (x / f"{consistent}.starts").exists() and (x / f"{other}.starts").exists(),
+        within(10),
+        f"{consistent} and {other} run",
+    )
+
+
+def ack_branches(c: Cluster, n: NsNode, repo: str, *refs: str) -> None:
+    """What n's branches hold now is acknowledged (pushes, and the agent's own commits)."""
+    c.acked.setdefault(repo, set()).update(heads(n, repo, *refs))
+
+
+# -- the checks every scenario makes ---------------------------------------------------
+def majority_leads(c: Cluster, majority: list[int], minority: list[int]) -> tuple[str, int]:
+    """One leader, on the majority side, that the whole majority agrees on; the minority
+    reports none (it cannot vouch for any lease without a quorum)."""
+    maj = [c.nodes[i] for i in majority]
+    names = {n.name for n in maj}
+    leader, term = wait_for(
+        lambda: (a := agreed(maj, view_of)) and a[0] in names and a,
+        within(15),
+        "one leader agreed on the majority side",
+    )
+    for i in minority:
+        st = wait_for(
+            lambda i=i: (s := c.nodes[i].view())["status"] == "no-quorum" and s,
+            within(TTL_S + HALT_SLACK_S),
+            f"{c.nodes[i].name} sees it has no quorum",
+        )
+        assert st["leader"] is None
+    assert set(leaders(c.nodes)) <= names
+    return leader, term
+
+
+def halts_in_time(n: NsNode, repo: str, task: str, cut_at: float) -> None:
+    """The minority halts its consistent task (a `halted` commit on the branch, the run
+    killed) within the lease TTL of the cut (wall clock, `time.time()` just before it),
+    plus the stated slack. Timed by the halted commit's committer time, which the agent
+    stamps as it writes it, so a slow poll here cannot fail the bound (whole seconds,
+    rounded down: the bound holds to within one second)."""
+    wait_for(
+        lambda: "halted" in tip_message(n, repo, task),
+        within(TTL_S + HALT_SLACK_S),
+        f"{task} halted on {n.name}",
+    )
+    ref = f"refs/heads/task/{task}"
+    at = int(git("log", "-1", "--format=%ct", ref, cwd=n.repo(repo)).stdout)
+    took = at - cut_at
+    print(f"{task} halted on {n.name} {took:.1f}s after the cut (bound {TTL_S + HALT_SLACK_S}s)")
+    assert took <= TTL_S + HALT_SLACK_S, f"{task} halted {took:.1f}s after the cut"
+    assert n.task(task)["state"] == "queued"
+
+
+def one_owner_each(c: Cluster) -> dict[str, NsNode]:
+    """Exactly one owner per repo: every node that knows the repo names the same owner
+    and epoch, and only that node calls itself owner."""
+
+    def owners() -> dict[str, NsNode] | None:
+        seen: dict[str, set[tuple[str, int]]] = {}
+        selves: dict[str, list[str]] = {}
+        for n in c.nodes:
+            for r in n.ctl("repo.describe"):
+                if r.get("owner"):
+                    seen.setdefault(r["repo"], set()).add((r["owner"], r["owner_epoch"]))
+                if r["role"] == "owner":
+                    selves.setdefault(r["repo"], []).append(n.name)
+        if any(len(v) != 1 for v in seen.values()):
+            return None
+        by_name = {n.name: n for n in c.nodes}
+        out = {}
+        for repo, v in seen.items():
+            ((owner, _),) = v
+            if selves.get(repo) != [owner]:
+                return None
+            out[repo] = by_name[owner]
+        return out
+
+    return wait_for(owners, within(20), "exactly one owner per repo, agreed by every node")
+
+
+def healed(c: Cluster) -> dict[str, NsNode]:
+    """After the heal: one leader everywhere, one owner per repo, reconciliation done and
+    no acknowledged commit lost, every task that must finish finishes (on its repo's
+    owner), fsck clean. Returns the owner of each repo."""
+    wait_for(lambda: agreed(c.nodes, view_of), within(20), "one leader after the heal")
+    owner = one_owner_each(c)
+    for repo, oids in sorted(c.acked.items()):
+        o = owner[repo]
+
+        def settled(o: NsNode = o, repo: str = repo, oids: set[str] = oids) -> bool:
+            pending = git("for-each-ref", RECONCILE, cwd=o.repo(repo)).stdout.strip()
+            return not pending and oids <= heads(o, repo)
+
+        wait_for(settled, within(20), f"every acknowledged commit of {repo} on {o.name}")
+    for repo, task in c.done:
+        o = owner[repo]
+        wait_for(lambda o=o, t=task: o.task(t)["state"] == "succeeded", within(20), f"{task} ends")
+    # git fsck is not safe against a concurrent writer (a pack a fetch adds while it runs
+    # is missed, and the new reflog entry reads as invalid): a real corruption persists,
+    # so re-run until clean, reporting the last error at the deadline
+    for n in c.nodes:
+        for repo in (n.data / "repos").glob("*.git"):
+            wait_for(lambda r=repo: fsck(r) is None, within(5), f"git fsck clean in {repo}")
+    return owner
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +304,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         nodes[0].start()
         for n in nodes[1:]:
             n.start("--join", gossip_addr(nodes[0]))
-        wait_for(lambda: agreed(nodes), 90, "one leader agreed by all five nodes")
-        yield net, nodes, root
+        wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
+        yield Cluster(net, nodes, root)
     finally:
         for n in nodes:
             n.stop()
         net.close()
 
 
-def test_split_2_3_with_the_leader_in_the_minority(cluster) -> None:
-    net, nodes, root = cluster
-    leader, term = wait_for(lambda: agreed(nodes), 60, "agreement")
+@pytest.fixture(autouse=True)
+def heal_after(cluster: Cluster):
+    """A scenario that fails mid-partition must not leave the next one partitioned."""
+    yield
+    cluster.net.heal()
+
+
+def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
+    c, nodes = cluster, cluster.nodes
+    leader, term = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
     li = next(i for i, n in enumerate(nodes) if n.name == leader)
     other = next(i for i in range(N) if i != li)
     minority = [li, other]
@@ -111,55 +329,170 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster) -> None:
     owner = nodes[other]  # a minority node owns the repo and runs both tasks
     x = exchange_dir()
     owner.kx("repo", "create", "bank")
-    push(owner, "bank", "pay-1", "absolute_consistency", x, root)
-    push(owner, "bank", "web-1", "split_brain_allowed", x, root)
-    wait_for(lambda: (x / "pay-1.starts").exists() and (x / "web-1.starts").exists(), 60, "runs")
-    assert (
-        "Kovanex-Term:"
-        in git("log", "--format=%B", "refs/heads/task/pay-1", cwd=owner.repo("bank")).stdout
-    )  # the consistent placement carries the leader term
+    run_pair(c, owner, "bank", "pay-1", "web-1", x)
+    log = git("log", "--format=%B", "refs/heads/task/pay-1", cwd=owner.repo("bank")).stdout
+    assert "Kovanex-Term:" in log  # the consistent placement carries the leader term
+    ack_branches(c, owner, "bank")
 
-    net.cut(*minority)
-    maj = [nodes[i] for i in majority]
-    new, new_term = wait_for(
-        lambda: (a := agreed(maj)) and a[0] != leader and a, 60, "a majority-side leader"
-    )
-    assert new in {n.name for n in maj} and new_term > term
-    # the minority halts its consistent task (a halted commit on the branch, run killed)
-    wait_for(lambda: "halted" in tip_message(owner, "bank", "pay-1"), 30, "pay-1 halted")
-    # ... places no new consistent work, and says it has no quorum
-    push(owner, "bank", "pay-2", "absolute_consistency", x, root)
-    for i in minority:
-        st = wait_for(lambda i=i: (s := status(nodes[i]))["status"] == "no-quorum" and s, 30)
-        assert st["leader"] is None
-    assert owner.show("pay-2")["state"] == "queued"
+    cut_at = time.time()
+    c.net.cut(*minority)
+    new, new_term = majority_leads(c, majority, minority)
+    assert new != leader and new_term > term
+    halts_in_time(owner, "bank", "pay-1", cut_at)
+    # ... and places no new consistent work
+    assert push(c, owner, "bank", "pay-2", "absolute_consistency", x).returncode == 0
+    wait_for(lambda: owner.task("pay-2")["state"] == "queued", within(5), "pay-2 queued")
     # split_brain_allowed work goes on on the minority side
-    assert owner.show("web-1")["state"] == "running"
-    assert leaders(maj) == {new}
+    assert owner.task("web-1")["state"] == "running"
+    ack_branches(c, owner, "bank", "refs/heads/task/web-1")
+    assert not placements(owner, "bank", "pay-2") and owner.task("pay-2")["state"] == "queued"
 
-    net.heal()
-    wait_for(lambda: (a := agreed(nodes)) and a[0] == new, 90, "one leader after the heal")
+    c.net.heal()
+    wait_for(lambda: (a := agreed(nodes, view_of)) and a[0] == new, within(20), "one leader")
     (x / "release").write_text("go")
-    for task in ("pay-1", "pay-2", "web-1"):
-        wait_for(lambda t=task: owner.show(t)["state"] == "succeeded", 90, f"{task} succeeds")
+    tasks = ("pay-1", "pay-2", "web-1")
+    if one_owner_each(c)["bank"] is not owner:  # bank's replica was on the majority side
+        c.deposed.append((owner, "bank", tasks))
+        healed(c)
+        return
+    c.done += [("bank", t) for t in tasks]
+    healed(c)
     # pay-1 ran its waiting step twice: before the halt, and resumed after the heal
     assert len((x / "pay-1.starts").read_text().split()) == 2
-    steps = [s["state"] for s in owner.show("pay-1")["steps"]]
-    assert steps == ["ok", "ok"]
-    for n in nodes:
-        for repo in (n.data / "repos").glob("*.git"):
-            fsck(repo)
+    assert [s["state"] for s in owner.task("pay-1")["steps"]] == ["ok", "ok"]
 
 
-def test_a_flapping_link_never_makes_two_leaders(cluster) -> None:
-    net, nodes, _ = cluster
-    wait_for(lambda: agreed(nodes), 90, "agreement")
-    leader, term = agreed(nodes) or ("", 0)
+def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
+    c, nodes = cluster, cluster.nodes
+    leader, term = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
+    oi = next(i for i, n in enumerate(nodes) if n.name != leader)
+    owner = nodes[oi]
+    majority = [i for i in range(N) if i != oi]
+    x = exchange_dir()
+    owner.kx("repo", "create", "vault")
+    owner.kx("repo", "replication", "vault", "sync", "--replicas", "2")
+    # a sync push is refused until two replicas hold the repo: place them, then push (a
+    # refused push acknowledges nothing, so a client may simply retry it)
+    wait_for(
+        lambda: len(owner.ctl("repo.status", name="vault")["replicas"]) == 2,
+        within(10),
+        "two replicas placed",
+    )
+    run_pair(c, owner, "vault", "pay-v", "web-v", x)
+
+    def caught_up() -> bool:
+        reps = owner.ctl("repo.status", name="vault")["replicas"]
+        return len(reps) == 2 and all(v["refs_behind"] == 0 for v in reps.values())
+
+    wait_for(caught_up, within(10), "both replicas hold every ref")
+    ack_branches(c, owner, "vault")
+
+    cut_at = time.time()
+    c.net.cut(oi)
+    # the isolated owner refuses pushes: nothing acknowledged, nothing moved
+    refused = push(c, owner, "vault", "pay-late", "split_brain_allowed", x)
+    assert refused.returncode != 0 and "sync replication" in refused.stderr, refused.stderr
+    assert (
+        git(
+            "rev-parse",
+            "-q",
+            "--verify",
+            "refs/heads/task/pay-late",
+            cwd=owner.repo("vault"),
+            check=False,
+        ).returncode
+        != 0
+    )
+    new_leader, _ = majority_leads(c, majority, [oi])
+    assert new_leader == leader  # the leader was on the majority side all along
+    halts_in_time(owner, "vault", "pay-v", cut_at)
+    # the majority takes the repo over at a higher epoch and accepts pushes
+    maj = [nodes[i] for i in majority]
+
+    def taken() -> NsNode | None:
+        """The node every majority node names as the owner, at a higher epoch (a split
+        takeover at one epoch is settled first: the lower name keeps it)."""
+        seen = set()
+        for n in maj:
+            rec = next((r for r in n.ctl("repo.describe") if r["repo"] == "vault"), {})
+            seen.add((rec.get("owner"), rec.get("owner_epoch", 0)))
+        if len(seen) != 1:
+            return None
+        ((name, epoch),) = seen
+        return next((n for n in maj if n.name == name and epoch > 1), None)
+
+    new = wait_for(taken, within(20), "a majority node takes the sync repo over")
+    # (acknowledged once it has two replicas again; its consistent work is placed)
+    run_pair(c, new, "vault", "pay-m", "web-m", x)
+    # the minority: split_brain_allowed work runs on, the halted task is not placed again
+    assert owner.task("web-v")["state"] == "running"
+    assert owner.task("pay-v")["state"] == "queued"
+    assert len((x / "pay-v.starts").read_text().split()) == 1
+    ack_branches(c, new, "vault")
+    ack_branches(c, owner, "vault", "refs/heads/task/web-v")
+
+    c.net.heal()
+    (x / "release").write_text("go")
+    c.deposed.append((owner, "vault", ("pay-v", "web-v")))
+    c.done += [("vault", t) for t in ("pay-m", "web-m")]
+    healed(c)
+
+
+@pytest.mark.xfail(
+    reason="agent bug (issue 12 part 2, not in main yet: the leader granting ownership of "
+    "repos with absolute_consistency tasks): right after a heal a deposed owner regains its "
+    "NATS quorum before gossip tells it of the takeover (owner records reach it at the next "
+    "push-pull), so it places consistent work again under its stale ownership (a grant the "
+    "survivor never sees: it ends under lost/), and it ignores the survivor's placements "
+    "on it until the placement deadline excludes it, leaving tasks pinned there "
+    "unschedulable",
+    strict=False,
+)
+def test_a_deposed_owner_places_no_consistent_work_and_its_tasks_finish(
+    cluster: Cluster,
+) -> None:
+    if not cluster.deposed:
+        pytest.skip("no scenario deposed an owner")
+    owners = one_owner_each(cluster)
+    for old, repo, tasks in cluster.deposed:
+        new = owners[repo]
+        lost = git("for-each-ref", "--format=%(refname)", "refs/kovanex/lost/", cwd=old.repo(repo))
+        for task in tasks:
+            stale = placements(old, repo, task, *lost.stdout.split()) - placements(new, repo, task)
+            assert not stale, f"{old.name} placed {task} under a deposed ownership: {stale}"
+        for task in tasks:
+            state = wait_for(
+                lambda n=new, t=task: (s := n.task(t)["state"]) in FINAL and s,
+                within(20),
+                f"{task} final",
+            )
+            assert state == "succeeded", f"{repo}/{task} ended {state} on {new.name}"
+
+
+def test_a_flapping_link_never_makes_two_leaders(cluster: Cluster) -> None:
+    c, nodes = cluster, cluster.nodes
+    leader, term = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
     flapper = next(i for i, n in enumerate(nodes) if n.name == leader)
+    rest = [i for i in range(N) if i != flapper]
+    held: dict[int, set[str]] = {}  # term -> every node seen leading it
+
+    def watch() -> dict[str, int]:
+        now = leaders(nodes)
+        for name, t in now.items():
+            held.setdefault(t, set()).add(name)
+        return now
+
     for _ in range(3):
-        net.cut(flapper)
-        wait_for(lambda: len(leaders(nodes)) <= 1 and status(nodes[flapper])["leader"] is None, 30)
-        net.heal(flapper)
-        wait_for(lambda: len(leaders(nodes)) == 1, 60, "one leader after the flap")
-    final, final_term = wait_for(lambda: agreed(nodes), 90, "agreement after flapping")
-    assert final_term >= term
+        c.net.cut(flapper)
+        wait_for(
+            lambda: (watch() or True) and nodes[flapper].view()["leader"] is None,
+            within(TTL_S + HALT_SLACK_S),
+            "the cut-off node stops reporting a leader",
+        )
+        majority_leads(c, rest, [flapper])
+        c.net.heal(flapper)
+        wait_for(lambda: len(watch()) == 1, within(15), "one leader after the flap")
+    _, final_term = wait_for(lambda: agreed(nodes, view_of), within(20), "agreement")
+    assert final_term > term
+    assert all(len(v) == 1 for v in held.values()), f"a term with two leaders: {held}"
+    healed(c)

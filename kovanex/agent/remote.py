@@ -118,7 +118,13 @@ class RemoteLedger:
             if remote != expected:
                 # A new owner that took over from a lagging replica may hold an older tip
                 # of our own lease: a fast-forward from there is still our history.
-                if remote and self.store.repo.descendant_of(new, remote):
+                # (a tip our cache lacks is another owner's history, not ours: an owner
+                # we have not heard took over; that is a refusal, not a crash)
+                if (
+                    remote
+                    and remote in self.store.repo
+                    and self.store.repo.descendant_of(new, remote)
+                ):
                     self._sync(task_id)
                     view = self.local.read(task_id)
                     if view.node == self.node and view.epoch == lease_epoch:

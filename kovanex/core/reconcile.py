@@ -21,8 +21,10 @@ lease (placed/running on the deposed side): then it is requeued the same way.
 The tree: a 3-way choice against the merge base's tree: the side that changed it wins; if
 both changed it, the survivor's (the other tree stays reachable through the second parent).
 Branches whose task asks for `absolute_consistency` are never merged (its minority halts
-and writes nothing acknowledged); other refs under refs/heads/ merge with the tree rule and
-no task state.
+and writes nothing acknowledged), but one only the deposed side has (pushed to the
+minority: an acknowledged push) is adopted like any other, its lease there fenced; not
+adopting it lost the push (tests/test_partition_nats.py found it). Other refs under
+refs/heads/ merge with the tree rule and no task state.
 """
 
 from __future__ import annotations
@@ -105,10 +107,10 @@ def reconcile(
     to be done: their tip is already in our history (`contained`), or the task asks for
     absolute consistency. An absent `ours` with no lease to fence is adopted as is (a Merge
     with their tip as the only parent and no transition means: set the ref there)."""
-    if contained or theirs.failover == ABSOLUTE_CONSISTENCY:
+    if contained:
         return None
-    if ours is not None and ours.failover == ABSOLUTE_CONSISTENCY:
-        return None
+    if ours is not None and ABSOLUTE_CONSISTENCY in (theirs.failover, ours.failover):
+        return None  # never merged; one only the deposed side has is adopted (module doc)
     tag = describe(ours, theirs)
     tree = choose_tree(ours.tree if ours else None, theirs.tree, base_tree)
     parents = (ours.tip, theirs.tip) if ours is not None else (theirs.tip,)
