@@ -69,6 +69,7 @@ class Node:
         self.srv: GitHttpServer | None = None
         self.gossip: GossipNode | None = None
         self.mgr: ReplicaManager | None = None
+        self.wire = True
 
     async def start(self, seed: Node | None = None) -> Node:
         self.srv = GitHttpServer(self.repos, TOKEN)
@@ -91,6 +92,8 @@ class Node:
             placement_s=0.3,
             takeover_settle_s=0.2,
         )
+        if self.wire:  # an agent serves replication's endpoints (ADR 0039); older ones not
+            srv.internal = self.mgr.wire
         await self.mgr.start()
         return self
 
@@ -303,7 +306,7 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
             q = tmp_path / "q1"
             quarantine(path, work.path, new, base, q)
             ok, msg = await a.m.replicate_sync("s", [(base, new, MAIN)], str(q))
-            assert (ok, msg) == (True, "")
+            assert (ok, msg) == (True, ""), msg
             for x in (b, c):  # the acked commit is durable on both, the real ref not yet moved
                 assert rev(x.repo("s"), SYNC_STAGING + MAIN) == new
                 assert rev(x.repo("s"), MAIN) == base
