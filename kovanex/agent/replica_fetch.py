@@ -23,7 +23,7 @@ from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_runtime import Peers, Runtime
 from kovanex.agent.replica_wire import ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
-from kovanex.gitstate import gitcli, mirror
+from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.refs import (
     STAGING,
@@ -205,7 +205,7 @@ class ReplicaFetcher:
             return False
         held = self.local_refs.get(repo)
         if held is None or repo in self._fresh:
-            held = await self.rt.thread(lambda: gitcli.for_each_ref(self.rt.path(repo)))
+            held = await self.rt.thread(packwire.refs_of, self.rt.path(repo))
         try:
             await asyncio.wait_for(self.wire.fetch(repo, base, sorted(set(held.values()))), timeout)
         except Unsupported:  # ask again later: the owner may be upgraded meanwhile
@@ -279,7 +279,7 @@ class ReplicaFetcher:
         path = self.rt.path(repo)
 
         def go() -> tuple[dict[str, str], Ownership | None]:
-            refs = gitcli.for_each_ref(path)
+            refs = packwire.refs_of(path)  # in-process: this runs after every fetch
             for sref, oid in refs.items():
                 if sref.startswith(SYNC_STAGING):
                     cur = refs.get(sref[len(SYNC_STAGING) :])

@@ -22,14 +22,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pygit2
-
 from kovanex.agent.replica_runtime import Runtime
-from kovanex.gitstate import gitcli, packwire
-from kovanex.gitstate.gitcli import ZERO, GitError
+from kovanex.gitstate import packwire
+from kovanex.gitstate.gitcli import GitError
+from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
 from kovanex.gitstate.refs import STAGING, STAGING_REFS, SYNC_STAGING
 from kovanex.net.http11 import Exchange, HttpError, HttpRequest, HttpResponse
 from kovanex.net.peerhttp import PeerClient, PeerHttpError
@@ -80,35 +78,6 @@ async def split_head(chunks: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator
     return head, tail()
 
 
-def held_objects(path: Path, oids: list[str]) -> list[str]:
-    """The oids this repo has (a pack must not name a base the packer lacks)."""
-    repo = pygit2.Repository(str(path))
-    out = []
-    for o in oids:
-        try:
-            if o and o != ZERO and pygit2.Oid(hex=o) in repo:
-                out.append(o)
-        except ValueError:
-            continue
-    return out
-
-
-def move_staging(path: Path, want: dict[str, str], prefix: str, prune: bool) -> None:
-    """Staging refs under `prefix` become `want` (ref -> oid) in one CAS transaction;
-    `prune` also deletes staged refs `want` lacks (a fetch's mirror, not a sync stage)."""
-    cur = gitcli.for_each_ref(path, prefix)
-    moves: list[tuple[str, str | None, str | None]] = []
-    for ref, oid in sorted(want.items()):
-        sref = prefix + ref[len("refs/") :] if prefix == STAGING_REFS else prefix + ref
-        if cur.get(sref) != oid:
-            moves.append((sref, oid, cur.get(sref)))
-        cur.pop(sref, None)
-    if prune:
-        moves += [(sref, None, oid) for sref, oid in sorted(cur.items())]
-    if moves and not gitcli.update_ref_cas(path, moves):
-        raise GitError(["update-ref"], 1, f"staging under {prefix} moved meanwhile")
-
-
 class ReplicaWire:
     """Both ends of the endpoints above; the agent's HTTP listener calls `handle`."""
 
@@ -141,7 +110,7 @@ class ReplicaWire:
         path = self.rt.path(repo)
 
         def read() -> tuple[dict[str, str], list[str]]:
-            refs = {r: o for r, o in gitcli.for_each_ref(path).items() if not r.startswith(STAGING)}
+            refs = {r: o for r, o in refs_of(path).items() if not r.startswith(STAGING)}
             return refs, held_objects(path, sorted(set(haves)))
 
         refs, known = await self.rt.thread(read)
@@ -178,7 +147,7 @@ class ReplicaWire:
                 name = await packwire.store(path, rest)
             await self.rt.thread(move_staging, path, refs, SYNC_STAGING, False)
         except GitError as e:
-            tips = await self.rt.thread(lambda: sorted(set(gitcli.for_each_ref(path).values())))
+            tips = await self.rt.thread(lambda: sorted(set(refs_of(path).values())))
             return _json(409, {"error": e.last_line, "tips": tips})
         finally:
             packwire.unkeep(path, name)
