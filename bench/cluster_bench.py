@@ -294,6 +294,14 @@ def main() -> None:
             "≤2.0",
         ],
         [
+            "sync push ÷ `none` push, p50 (same run)",
+            f"{sync_ratio:.2f}",
+            "",
+            len(rep["sync"]),
+            "",
+            "≤2.0",
+        ],
+        [
             "owner takeover: kill -9 → a replica accepts a push (s)",
             f"{rep['takeover'][0]:.2f}",
             "",

@@ -71,6 +71,13 @@ def keeps(repo: Path) -> list[Path]:
     return sorted((repo / "objects" / "pack").glob("*.keep"))
 
 
+def staged_cleanly(dst: Path, tip: str) -> None:
+    """The sync staging ref holds `tip`, no pack is still kept, and fsck is clean."""
+    assert gitcli.for_each_ref(dst, SYNC_STAGING) == {SYNC_STAGING + MAIN: tip}
+    assert keeps(dst) == []
+    fsck(dst)
+
+
 def test_fetch_mirrors_every_ref_into_staging_over_one_kept_connection(tmp_path: Path) -> None:
     async def go() -> None:
         async with Side(tmp_path, "owner") as o, Side(tmp_path, "replica") as r:
@@ -113,10 +120,8 @@ def test_stage_resends_against_the_replicas_tips_when_the_pack_does_not_connect(
             # tips (a) lands
             ok, why = await o.wire.stage("r", r.srv.url, 1, {MAIN: c}, [b], {})
             assert (ok, why) == (True, "")
-            assert gitcli.for_each_ref(dst, SYNC_STAGING) == {SYNC_STAGING + MAIN: c}
             assert gitcli.for_each_ref(dst, "refs/heads/") == {MAIN: a}
-            assert keeps(dst) == []
-            fsck(dst)
+            staged_cleanly(dst, c)
 
     asyncio.run(go())
 
@@ -130,9 +135,7 @@ def test_a_large_stage_lands_as_one_pack_without_its_keep(tmp_path: Path) -> Non
             ok, why = await o.wire.stage("r", r.srv.url, 1, {MAIN: c}, [], {})
             assert (ok, why) == (True, "")
             assert len(list((dst / "objects" / "pack").glob("*.pack"))) == 1
-            assert keeps(dst) == []
-            assert gitcli.for_each_ref(dst, SYNC_STAGING) == {SYNC_STAGING + MAIN: c}
-            fsck(dst)
+            staged_cleanly(dst, c)
 
     asyncio.run(go())
 
