@@ -24,7 +24,9 @@ import pygit2
 
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO, GitError
+from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.refs import STAGING_REFS
+from kovanex.gitstate.store import CasConflict
 
 IO_CHUNK = 64 * 1024
 SMALL = 1024 * 1024  # packs under this become loose objects (see `store`)
@@ -152,18 +154,25 @@ def held_objects(path: Path, oids: list[str]) -> list[str]:
 
 
 def move_staging(path: Path, want: dict[str, str], prefix: str, prune: bool) -> None:
-    """Staging refs under `prefix` become `want` (ref -> oid) in one CAS transaction;
-    `prune` also deletes staged refs `want` lacks (a fetch's mirror, not a sync stage)."""
+    """Staging refs under `prefix` become `want` (ref -> oid), each by CAS; `prune` also
+    deletes staged refs `want` lacks (a fetch's mirror, not a sync stage)."""
     cur = {r: o for r, o in refs_of(path).items() if r.startswith(prefix)}
-    moves: list[tuple[str, str | None, str | None]] = []
+    moves: list[tuple[str, str, str | None]] = []
     for ref, oid in sorted(want.items()):
         sref = prefix + ref[len("refs/") :] if prefix == STAGING_REFS else prefix + ref
         if cur.get(sref) != oid:
             moves.append((sref, oid, cur.get(sref)))
         cur.pop(sref, None)
-    if prune:
-        moves += [(sref, None, oid) for sref, oid in sorted(cur.items())]
-    if moves and not gitcli.update_ref_cas(path, moves):
+    # each its own CAS, in-process (libgit2 refuses a target it does not hold); staging
+    # records what the remote held, so it needs no one transaction across refs
+    store = Pygit2Store(str(path))
+    try:
+        for sref, new, old in moves:
+            store.cas_ref(sref, new, old)
+    except (CasConflict, pygit2.GitError, KeyError, OSError) as e:
+        raise GitError(["cas_ref"], 1, f"staging under {prefix}: {e}") from e
+    drop = [(sref, None, oid) for sref, oid in sorted(cur.items())] if prune else []
+    if drop and not gitcli.update_ref_cas(path, drop):
         raise GitError(["update-ref"], 1, f"staging under {prefix} moved meanwhile")
 
 
