@@ -10,7 +10,8 @@ whenever both sides finished their message cleanly.
 
 The listener also carries the API: a `Router` (kovanex/api) answers the paths it claims
 (`/v1/...`, `/healthz`, `/metrics`) with its own auth; the legacy `api` callback keeps the
-node-internal calls (`/v1/nudge/...`, `/v1/internal/place`).
+node-internal calls (`/v1/nudge/...`, `/v1/internal/place`); `internal` streams
+replication's fetch and stage endpoints (ADR 0039), for the cluster secret only.
 """
 
 from __future__ import annotations
