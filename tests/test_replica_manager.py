@@ -305,8 +305,11 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
             new = await work.commit()
             q = tmp_path / "q1"
             quarantine(path, work.path, new, base, q)
+            assert c.srv is not None
+            c.srv.internal = None  # n3 acts as an agent without the stage endpoint: git push
             ok, msg = await a.m.replicate_sync("s", [(base, new, MAIN)], str(q))
             assert (ok, msg) == (True, ""), msg
+            assert set(a.m.sync._smart_only) == {"n3"}  # n2 took the stage endpoint
             for x in (b, c):  # the acked commit is durable on both, the real ref not yet moved
                 assert rev(x.repo("s"), SYNC_STAGING + MAIN) == new
                 assert rev(x.repo("s"), MAIN) == base
@@ -317,7 +320,6 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
                 await until(lambda x=x: rev(x.repo("s"), MAIN) == new, what="real ref moved")
                 await until(lambda x=x: rev(x.repo("s"), SYNC_STAGING + MAIN) is None, what="gc")
 
-            assert c.srv is not None
             await c.srv.close()  # one replica unreachable: the write must be refused
             newer = await work.commit()
             q2 = tmp_path / "q2"

@@ -85,10 +85,10 @@ class SyncReplicator:
                         self.wire.stage(repo, base, o.epoch, refs, haves, env), timeout
                     )
                     return name, ok, why
-                except Unsupported:  # ask again later: it may be upgraded meanwhile
+                except (Unsupported, PeerHttpError):
+                    # an older agent answers 404, or hangs up on a body it does not expect:
+                    # git push for a while, then ask again (it may be upgraded meanwhile)
                     self._smart_only[name] = now + SMART_ONLY_S
-                except PeerHttpError:
-                    pass  # an older agent hangs up on a body it does not expect: push
                 except (WireError, GitError, ValueError) as e:
                     return name, False, f"stage: {e}"
                 except TimeoutError:
