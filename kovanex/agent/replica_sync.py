@@ -76,13 +76,28 @@ class SyncReplicator:
         }
         haves = sorted({old for old, _, _ in updates if old and old != ZERO} | self.tips(repo))
 
+        now = self.rt.clock.monotonic()
+        wired = {
+            n
+            for n in targets
+            if self.wire is not None
+            and self.peers.base_url(n)
+            and now >= self._smart_only.get(n, 0.0)
+        }
+        packed: bytes | None = None
+        if self.wire is not None and len(wired) > 1:  # one pack-objects for all of them
+            try:
+                packed = await asyncio.wait_for(self.wire.prepack(repo, refs, haves, env), timeout)
+            except (GitError, TimeoutError):
+                packed = None  # each stage packs for itself and reports its own failure
+        left = max(0.5, timeout - (self.rt.clock.monotonic() - now))
+
         async def push(name: str) -> tuple[str, bool, str]:
             base = self.peers.base_url(name)
-            now = self.rt.clock.monotonic()
-            if self.wire is not None and base and now >= self._smart_only.get(name, 0.0):
+            if self.wire is not None and name in wired:
                 try:
                     ok, why = await asyncio.wait_for(
-                        self.wire.stage(repo, base, o.epoch, refs, haves, env), timeout
+                        self.wire.stage(repo, base, o.epoch, refs, haves, env, packed), left
                     )
                     return name, ok, why
                 except (Unsupported, PeerHttpError):
@@ -93,6 +108,7 @@ class SyncReplicator:
                     return name, False, f"stage: {e}"
                 except TimeoutError:
                     return name, False, f"stage: no answer in {timeout} s"
+            # no endpoint there (an older agent): a git push, as before ADR 0039
             url = self.peers.repo_url(repo, name)
             if not url:
                 return name, False, "no http address"

@@ -19,6 +19,7 @@ is held while a body moves (ADR 0016): objects are stored first, then refs move 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ PREFIX = "/v1/internal/repl/"
 _PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage)$")
 MAX_HEAD = 64 * 1024 * 1024  # the JSON line: 10,000 refs are about 1 MB
 _JSON = {"Content-Type": "application/json"}
+Chunks = AsyncIterator[bytes]
 
 
 class Unsupported(Exception):
@@ -181,15 +183,20 @@ class ReplicaWire:
         refs: dict[str, str],
         haves: list[str],
         env: dict[str, str],
+        packed: bytes | None = None,
     ) -> tuple[bool, str]:
-        """Stage `refs` on the replica at `base`; (acked, why not). A 409 with the
+        """Stage `refs` on the replica at `base`; (acked, why not). `packed`: the pack
+        against `haves`, made once for every replica (`prepack`). A 409 with the
         replica's tips is answered once more with a pack against those tips."""
         path = self.rt.path(repo)
         head = json.dumps({"owner": self.rt.node, "epoch": epoch, "refs": refs}).encode()
         for attempt in (1, 2):
 
-            async def body(haves: list[str] = haves) -> AsyncIterator[bytes]:
+            async def body(haves: list[str] = haves, ready: bytes | None = packed) -> Chunks:
                 yield head + b"\n"
+                if ready is not None:
+                    yield ready
+                    return
                 async for chunk in packwire.pack(path, list(refs.values()), haves, env):
                     yield chunk
 
@@ -204,7 +211,23 @@ class ReplicaWire:
             if status != 409 or not tips or attempt == 2:
                 return False, str(doc.get("error", f"HTTP {status}"))
             haves = await self.rt.thread(held_objects, path, tips)
+            packed = None
         return False, "unreachable"
+
+    async def prepack(
+        self, repo: str, refs: dict[str, str], haves: list[str], env: dict[str, str]
+    ) -> bytes | None:
+        """The stage pack for all replicas at once (one `pack-objects` per push, not per
+        replica) when it is small; None when it is not (each stage then streams its own,
+        so a large push never sits whole in memory)."""
+        buf = bytearray()
+        packer = packwire.pack(self.rt.path(repo), list(refs.values()), haves, env)
+        async with contextlib.aclosing(packer):
+            async for chunk in packer:
+                buf += chunk
+                if len(buf) > packwire.SMALL:
+                    return None
+        return bytes(buf)
 
     def close(self) -> None:
         self.client.close()
