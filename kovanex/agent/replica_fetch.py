@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import ReplicaWire, Unsupported, WireError
+from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
 from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError
@@ -38,7 +38,6 @@ from kovanex.gitstate.refs import (
 from kovanex.net.peerhttp import PeerHttpError
 
 log = logging.getLogger("kovanex.replica")
-SMART_ONLY_S = 60.0  # how long an owner without the fetch endpoint gets smart HTTP only
 
 
 class ReplicaFetcher:

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import ReplicaWire, Unsupported, WireError
+from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import sync_quorum_ok
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO, GitError
@@ -22,7 +22,6 @@ from kovanex.net.peerhttp import PeerClient, PeerHttpError
 
 NUDGE_CONNECT_S = 1.0
 NUDGE_REPLY_S = 2.0
-SMART_ONLY_S = 60.0  # how long a replica without the stage endpoint gets `git push` only
 
 
 class SyncReplicator:

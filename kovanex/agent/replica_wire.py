@@ -35,6 +35,7 @@ from kovanex.net.peerhttp import PeerClient, PeerHttpError
 
 PREFIX = "/v1/internal/repl/"
 _PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage)$")
+SMART_ONLY_S = 60.0  # a peer without these endpoints gets smart HTTP this long, then we ask again
 MAX_HEAD = 64 * 1024 * 1024  # the JSON line: 10,000 refs are about 1 MB
 _JSON = {"Content-Type": "application/json"}
 Chunks = AsyncIterator[bytes]
@@ -233,4 +234,4 @@ class ReplicaWire:
         self.client.close()
 
 
-__all__ = ["PREFIX", "PeerHttpError", "ReplicaWire", "Unsupported", "WireError"]
+__all__ = ["PREFIX", "SMART_ONLY_S", "PeerHttpError", "ReplicaWire", "Unsupported", "WireError"]
