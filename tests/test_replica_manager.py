@@ -273,6 +273,8 @@ def test_async_replica_created_catches_up_and_bursts_coalesce(tmp_path: Path) ->
             await until(r.m.quiet, what="replica idle")  # every announcement processed
             print(f"burst: 12 moves, {r.m.fetches['demo'] - before} fetches")
             assert r.m.fetches["demo"] - before <= 6, r.m.fetches  # one per move would be 12+
+            # every fetch took the owner's fetch endpoint (ADR 0039), none fell back
+            assert r.m.fetcher.wire_fetches["demo"] == r.m.fetches["demo"]
             assert rev(r.repo("demo"), TASK) == rev(path, TASK)
             assert rev(r.repo("demo"), "refs/heads/task/b11") == rev(path, TASK)
             assert r.m.status("demo")["owner_epoch"] == 1
