@@ -246,10 +246,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--pushes", type=int, default=30)
+    ap.add_argument(
+        "--replication-only", action="store_true", help="skip the resume trials (issue 11 part 3)"
+    )
     a = ap.parse_args()
     install_cleanup()
     root = sandbox("kx-cbench-")
-    res = resume_trials(root, a.trials)
+    res = [] if a.replication_only else resume_trials(root, a.trials)
     print(f"bench: resume trials done: {res}", file=sys.stderr, flush=True)
     rep = replication_figures(root, a.pushes)
 
@@ -260,8 +263,8 @@ def main() -> None:
     rows = [
         [
             "resume: kill -9 of runner → step restarts elsewhere (s)",
-            f"{p50(res):.2f}",
-            f"{pct(res, 95):.2f}",
+            f"{p50(res):.2f}" if res else "—",
+            f"{pct(res, 95):.2f}" if res else "—",
             len(res),
             "seed: 60 s to dead + reschedule",
             "≤3 s",
@@ -288,6 +291,14 @@ def main() -> None:
             ms(rep["sync"], 95),
             len(rep["sync"]),
             f"ratio {sync_ratio:.2f} to none",
+            "≤2.0",
+        ],
+        [
+            "sync push ÷ `none` push, p50 (same run)",
+            f"{sync_ratio:.2f}",
+            "",
+            len(rep["sync"]),
+            "",
             "≤2.0",
         ],
         [

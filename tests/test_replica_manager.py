@@ -69,6 +69,7 @@ class Node:
         self.srv: GitHttpServer | None = None
         self.gossip: GossipNode | None = None
         self.mgr: ReplicaManager | None = None
+        self.wire = True
 
     async def start(self, seed: Node | None = None) -> Node:
         self.srv = GitHttpServer(self.repos, TOKEN)
@@ -91,6 +92,8 @@ class Node:
             placement_s=0.3,
             takeover_settle_s=0.2,
         )
+        if self.wire:  # an agent serves replication's endpoints (ADR 0039); older ones not
+            srv.internal = self.mgr.wire
         await self.mgr.start()
         return self
 
@@ -270,6 +273,8 @@ def test_async_replica_created_catches_up_and_bursts_coalesce(tmp_path: Path) ->
             await until(r.m.quiet, what="replica idle")  # every announcement processed
             print(f"burst: 12 moves, {r.m.fetches['demo'] - before} fetches")
             assert r.m.fetches["demo"] - before <= 6, r.m.fetches  # one per move would be 12+
+            # every fetch took the owner's fetch endpoint (ADR 0039), none fell back
+            assert r.m.fetcher.wire_fetches["demo"] == r.m.fetches["demo"]
             assert rev(r.repo("demo"), TASK) == rev(path, TASK)
             assert rev(r.repo("demo"), "refs/heads/task/b11") == rev(path, TASK)
             assert r.m.status("demo")["owner_epoch"] == 1
@@ -302,8 +307,11 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
             new = await work.commit()
             q = tmp_path / "q1"
             quarantine(path, work.path, new, base, q)
+            assert c.srv is not None
+            c.srv.internal = None  # n3 acts as an agent without the stage endpoint: git push
             ok, msg = await a.m.replicate_sync("s", [(base, new, MAIN)], str(q))
-            assert (ok, msg) == (True, "")
+            assert (ok, msg) == (True, ""), msg
+            assert set(a.m.sync._smart_only) == {"n3"}  # n2 took the stage endpoint
             for x in (b, c):  # the acked commit is durable on both, the real ref not yet moved
                 assert rev(x.repo("s"), SYNC_STAGING + MAIN) == new
                 assert rev(x.repo("s"), MAIN) == base
@@ -314,7 +322,6 @@ def test_sync_acks_from_quarantine_and_refuses_without_quorum(tmp_path: Path) ->
                 await until(lambda x=x: rev(x.repo("s"), MAIN) == new, what="real ref moved")
                 await until(lambda x=x: rev(x.repo("s"), SYNC_STAGING + MAIN) is None, what="gc")
 
-            assert c.srv is not None
             await c.srv.close()  # one replica unreachable: the write must be refused
             newer = await work.commit()
             q2 = tmp_path / "q2"

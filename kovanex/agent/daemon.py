@@ -113,6 +113,7 @@ class Agent:
             clock=ctx.clock,
         )
         self.repos.roles = self.replicas
+        self.http.internal = self.replicas.wire  # replication's fetch/stage endpoints
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)
         self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas)
         self.sweeper = Sweeper(

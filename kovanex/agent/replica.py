@@ -10,7 +10,8 @@ their state (composition, no mixins):
 - `OwnershipService` (ownership): owner announcements, takeover, demotion, publishing;
 - `ReplicaFetcher` (replica_fetch): fetch into staging unlocked, verify + apply (ADR 0016);
 - `ReplicaLag` (replica_lag): ref announcements, history snapshots, acks, lag;
-- `SyncReplicator` (replica_sync): `sync` pushes and nudges;
+- `SyncReplicator` (replica_sync): `sync` stages and nudges;
+- `ReplicaWire` (replica_wire): the fetch and stage endpoints, both ends (ADR 0039);
 - `ReplicaPlacer` (replica_place): keeping `wanted` replicas placed;
 - `Reconciler` (reconciler): diverged branches merged after a heal (ADR 0028).
 
@@ -33,6 +34,7 @@ from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_place import ReplicaPlacer
 from kovanex.agent.replica_runtime import Peers, Runtime
 from kovanex.agent.replica_sync import SyncReplicator
+from kovanex.agent.replica_wire import ReplicaWire
 from kovanex.clock import SYSTEM, Clock
 from kovanex.core.replication import META_REF, REPLICA_ROLES, Ownership
 from kovanex.core.takeover import SETTLE_S
@@ -69,6 +71,7 @@ class ReplicaManager:
         )
         self.peers = Peers(self.rt, http_url)
         self.lag = ReplicaLag(self.rt, self.peers)
+        self.wire = ReplicaWire(self.rt)  # the listener serves it: see `http.internal`
         self.fetcher = ReplicaFetcher(
             self.rt,
             self.peers,
@@ -76,8 +79,9 @@ class ReplicaManager:
             install_hooks=install_hooks,
             fetch_timeout_s=fetch_timeout_s,
             clone_timeout_s=clone_timeout_s,
+            wire=self.wire,
         )
-        self.sync = SyncReplicator(self.rt, self.peers)
+        self.sync = SyncReplicator(self.rt, self.peers, self.wire, self.lag.tips)
         self.placer = ReplicaPlacer(self.rt, self.peers, self._placed, takeover_settle_s)
         self.ownership = OwnershipService(
             self.rt,
@@ -169,6 +173,7 @@ class ReplicaManager:
         deadline = self.rt.clock.monotonic() + timeout
         while self.rt.inflight > 0 and self.rt.clock.monotonic() < deadline:
             await asyncio.sleep(0.01)  # threads finish their git child; the loop keeps serving
+        self.wire.close()
         self._started = False
 
     async def _loop(self, every: float, step: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
-from kovanex.gitstate import gitcli, mirror
+from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.refs import (
     STAGING,
@@ -34,6 +35,7 @@ from kovanex.gitstate.refs import (
     mirrored,
     task_ref,
 )
+from kovanex.net.peerhttp import PeerHttpError
 
 log = logging.getLogger("kovanex.replica")
 
@@ -50,6 +52,7 @@ class ReplicaFetcher:
         install_hooks: Callable[[Path], None],
         fetch_timeout_s: float = gitcli.REPLICA_FETCH_TIMEOUT_S,
         clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
+        wire: ReplicaWire | None = None,
     ) -> None:
         self.rt = rt
         self.peers = peers
@@ -59,6 +62,9 @@ class ReplicaFetcher:
         self.clone_timeout_s = clone_timeout_s
         self.local_refs: dict[str, dict[str, str]] = {}  # refs after the last apply
         self.fetches: collections.Counter[str] = collections.Counter()  # per repo, for tests
+        self.wire = wire  # the owner's fetch endpoint (ADR 0039); None: smart HTTP only
+        self.wire_fetches: collections.Counter[str] = collections.Counter()
+        self._smart_only: dict[str, float] = {}  # owner without the endpoint -> until when
         self._dirty: set[str] = set()
         self._fetchers: dict[str, asyncio.Task[None]] = {}
         self._resync_from: dict[str, int] = {}  # repo -> epoch of the upstream we left
@@ -177,15 +183,38 @@ class ReplicaFetcher:
         target = (o.owner, o.epoch)
         self.fetches[repo] += 1
         timeout = self.clone_timeout_s if repo in self._fresh else self.fetch_timeout_s
-        try:
-            args = mirror.fetch_args(self.rt.path(repo), url, None)
-            await gitcli.run_async(args, token=self.rt.token, timeout=timeout)
-        except GitError as e:
-            self.rt.error(f"{repo}: fetch from {url}: {e}")
-            return
+        if not await self._fetch_wire(repo, o.owner, timeout):
+            try:
+                args = mirror.fetch_args(self.rt.path(repo), url, None)
+                await gitcli.run_async(args, token=self.rt.token, timeout=timeout)
+            except GitError as e:
+                self.rt.error(f"{repo}: fetch from {url}: {e}")
+                return
         # local from here on: verify, then apply under the lock; shielded so a cancel
         # (an owner change) never leaves the lock released while a thread moves refs
         await asyncio.shield(self._apply_fetched(repo, target, url))
+
+    async def _fetch_wire(self, repo: str, owner: str, timeout: float) -> bool:
+        """One round trip to the owner's fetch endpoint (ADR 0039); False means use smart
+        HTTP instead (an older owner, or this exchange failed: git fetch is the backstop)."""
+        if self.wire is None or self.rt.clock.monotonic() < self._smart_only.get(owner, 0.0):
+            return False
+        base = self.peers.base_url(owner)
+        if not base:
+            return False
+        held = self.local_refs.get(repo)
+        if held is None or repo in self._fresh:
+            held = await self.rt.thread(packwire.refs_of, self.rt.path(repo))
+        try:
+            await asyncio.wait_for(self.wire.fetch(repo, base, sorted(set(held.values()))), timeout)
+        except Unsupported:  # ask again later: the owner may be upgraded meanwhile
+            self._smart_only[owner] = self.rt.clock.monotonic() + SMART_ONLY_S
+            return False
+        except (WireError, PeerHttpError, GitError, TimeoutError, ValueError, KeyError) as e:
+            log.info("%s: fetch endpoint of %s failed (%r); using smart HTTP", repo, owner, e)
+            return False
+        self.wire_fetches[repo] += 1
+        return True
 
     async def _apply_fetched(self, repo: str, target: tuple[str, int], url: str) -> None:
         async with self.rt.lock(repo):
@@ -249,7 +278,7 @@ class ReplicaFetcher:
         path = self.rt.path(repo)
 
         def go() -> tuple[dict[str, str], Ownership | None]:
-            refs = gitcli.for_each_ref(path)
+            refs = packwire.refs_of(path)  # in-process: this runs after every fetch
             for sref, oid in refs.items():
                 if sref.startswith(SYNC_STAGING):
                     cur = refs.get(sref[len(SYNC_STAGING) :])

@@ -21,7 +21,7 @@ from kovanex.agent.replica_runtime import Peers, Runtime
 from kovanex.core.replication import Ownership, lag
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO
-from kovanex.gitstate.refs import STAGING, mirrored
+from kovanex.gitstate.refs import ARCHIVE, STAGING, mirrored
 
 HISTORY = 512
 
@@ -102,6 +102,14 @@ class ReplicaLag:
         d = digest(refs)
         if not hist or hist[-1][1] != d:
             hist.append((self.rt.clock.time(), d, refs))
+
+    def tips(self, repo: str) -> set[str]:
+        """The owner's last recorded tips, archive refs aside (a sync replica holds them
+        all; the archive would only lengthen a pack's walk)."""
+        hist = self._history.get(repo)
+        if not hist:
+            return set()
+        return {oid for ref, oid in hist[-1][2].items() if not ref.startswith(ARCHIVE)}
 
     def replicas_status(self, repo: str) -> dict[str, Any]:
         """name -> {refs_behind, seconds_behind, exact} for each replica in the record."""

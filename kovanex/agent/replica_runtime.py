@@ -145,10 +145,14 @@ class Peers:
                 return str(m.meta["http"])
         return self.owner_http.get(node, "")
 
-    def repo_url(self, repo: str, node: str) -> str:
+    def base_url(self, node: str) -> str:
+        """`http://host:port` of `node`'s listener, "" if unknown."""
         base = self.owner_http.get(node, "") if node != self.rt.node else ""
-        base = self.http(node) or base
-        return f"{base.rstrip('/')}/git/{repo}.git" if base else ""
+        return (self.http(node) or base).rstrip("/")
+
+    def repo_url(self, repo: str, node: str) -> str:
+        base = self.base_url(node)
+        return f"{base}/git/{repo}.git" if base else ""
 
     def announced_by_owner(self, repo: str) -> dict[str, tuple[str, float]]:
         """ref -> (oid, time) from the owner's "refs" announcements."""

@@ -1,20 +1,24 @@
 """Owner side of `sync` replication and of telling replicas that refs moved.
 
 `replicate_sync` is called from pre-receive with the pushed objects still in quarantine: it
-pushes them to each chosen replica's `refs/kovanex/staging/sync/<ref>` and waits for
-`replicas_wanted` acks. Pushes run holding no lock, with a short timeout, and are killed if
+stages them on each chosen replica's `refs/kovanex/staging/sync/<ref>` (the replica's stage
+endpoint, one round trip, ADR 0039; `git push` to a replica without it) and waits for
+`replicas_wanted` acks. Stages run holding no lock, with a short timeout, and are killed if
 the push is abandoned (ADR 0016).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import sync_quorum_ok
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO, GitError
 from kovanex.gitstate.refs import STAGING, SYNC_STAGING
+from kovanex.net.peerhttp import PeerClient, PeerHttpError
 
 NUDGE_CONNECT_S = 1.0
 NUDGE_REPLY_S = 2.0
@@ -23,9 +27,19 @@ NUDGE_REPLY_S = 2.0
 class SyncReplicator:
     """Sync pushes to replicas and direct nudges; stateless beyond the runtime."""
 
-    def __init__(self, rt: Runtime, peers: Peers) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        peers: Peers,
+        wire: ReplicaWire | None = None,
+        tips: Callable[[str], set[str]] = lambda repo: set(),
+    ) -> None:
         self.rt = rt
         self.peers = peers
+        self.wire = wire  # replicas' stage endpoint (ADR 0039); None: git push only
+        self.tips = tips  # what the owner last recorded: a sync replica holds these too
+        self._smart_only: dict[str, float] = {}  # replica without the endpoint -> until when
+        self.client = wire.client if wire is not None else PeerClient(rt.token)
 
     async def replicate_sync(
         self,
@@ -54,8 +68,46 @@ class SyncReplicator:
             env["GIT_OBJECT_DIRECTORY"] = str(quarantine)
             env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.rt.path(repo) / "objects")
         targets = list(o.replicas)
+        refs = {
+            ref: new
+            for old, new, ref in updates
+            if new and new != ZERO and not ref.startswith(STAGING)
+        }
+        haves = sorted({old for old, _, _ in updates if old and old != ZERO} | self.tips(repo))
+
+        now = self.rt.clock.monotonic()
+        wired = {
+            n
+            for n in targets
+            if self.wire is not None
+            and self.peers.base_url(n)
+            and now >= self._smart_only.get(n, 0.0)
+        }
+        packed: bytes | None = None
+        if self.wire is not None and len(wired) > 1:  # one pack-objects for all of them
+            try:
+                packed = await asyncio.wait_for(self.wire.prepack(repo, refs, haves, env), timeout)
+            except (GitError, TimeoutError):
+                packed = None  # each stage packs for itself and reports its own failure
+        left = max(0.5, timeout - (self.rt.clock.monotonic() - now))
 
         async def push(name: str) -> tuple[str, bool, str]:
+            base = self.peers.base_url(name)
+            if self.wire is not None and name in wired:
+                try:
+                    ok, why = await asyncio.wait_for(
+                        self.wire.stage(repo, base, o.epoch, refs, haves, env, packed), left
+                    )
+                    return name, ok, why
+                except (Unsupported, PeerHttpError):
+                    # an older agent answers 404, or hangs up on a body it does not expect:
+                    # git push for a while, then ask again (it may be upgraded meanwhile)
+                    self._smart_only[name] = now + SMART_ONLY_S
+                except (WireError, GitError, ValueError) as e:
+                    return name, False, f"stage: {e}"
+                except TimeoutError:
+                    return name, False, f"stage: no answer in {timeout} s"
+            # no endpoint there (an older agent): a git push, as before ADR 0039
             url = self.peers.repo_url(repo, name)
             if not url:
                 return name, False, "no http address"
@@ -103,17 +155,11 @@ class SyncReplicator:
                 self.rt.spawn(self.nudge(base, repo))
 
     async def nudge(self, base: str, repo: str) -> None:
-        """POST /v1/nudge/<repo> to the agent at `base`; best effort."""
-        host, _, port = base[len("http://") :].rstrip("/").rpartition(":")
+        """POST /v1/nudge/<repo> to the agent at `base` over a kept-alive connection (h11
+        framing, `PeerClient`); best effort."""
         try:
-            r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), NUDGE_CONNECT_S)
-            w.write(
-                f"POST /v1/nudge/{repo} HTTP/1.1\r\nHost: {host}\r\n"
-                f"Authorization: Bearer {self.rt.token}\r\nContent-Length: 0\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
-            await w.drain()
-            await asyncio.wait_for(r.read(), NUDGE_REPLY_S)
-            w.close()
+            async with asyncio.timeout(NUDGE_CONNECT_S + NUDGE_REPLY_S):
+                async with self.client.request(base, "POST", f"/v1/nudge/{repo}") as resp:
+                    await resp.read(4096)
         except (OSError, TimeoutError, ValueError):
             pass  # the gossip announcement still reaches the replica

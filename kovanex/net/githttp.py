@@ -10,7 +10,8 @@ whenever both sides finished their message cleanly.
 
 The listener also carries the API: a `Router` (kovanex/api) answers the paths it claims
 (`/v1/...`, `/healthz`, `/metrics`) with its own auth; the legacy `api` callback keeps the
-node-internal calls (`/v1/nudge/...`, `/v1/internal/place`).
+node-internal calls (`/v1/nudge/...`, `/v1/internal/place`); `internal` streams
+replication's fetch and stage endpoints (ADR 0039), for the cluster secret only.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class Router(Protocol):
     async def handle(self, req: HttpRequest) -> HttpResponse: ...
 
 
+class Internal(Protocol):
+    """Node-to-node endpoints that stream (replication, ADR 0039): the cluster secret only."""
+
+    def claims(self, path: str) -> bool: ...
+
+    async def handle(self, ex: Exchange, req: HttpRequest) -> None: ...
+
+
 class GitHttpServer:
     """Serves `<repos_dir>/<name>.git` at `/git/<name>.git`; the router and `api` get the rest."""
 
@@ -102,6 +111,7 @@ class GitHttpServer:
         self.api = api
         self.api_public = api_public
         self.router = router
+        self.internal: Internal | None = None
         self.git = git
         # each request is one http-backend process: bound them so a burst queues, not forks
         self._backends = asyncio.Semaphore(max_backends)
@@ -171,6 +181,14 @@ class GitHttpServer:
                 pass
 
     async def _serve_one(self, ex: Exchange, req: HttpRequest) -> None:
+        if self.internal is not None and self.internal.claims(req.path):
+            who = self._auth(req)
+            if not isinstance(who, Principal) or who.scope != NODE:
+                text = b"kovanex: node-internal: the cluster secret is required\n"
+                await ex.respond(HttpResponse(401 if who is None else 403, _TEXT, text))
+                return
+            await self.internal.handle(ex, req)
+            return
         m = _GIT_PATH.match(req.path)
         if m is None:
             await self._serve_api(ex, req)
