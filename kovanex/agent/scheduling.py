@@ -289,7 +289,8 @@ class TaskScheduler:
                     log.info("%s/%s requeued: %s", repo, e.task_id, e.transition.reason)
             elif isinstance(e, QueueSubmission):
                 prio = opts.priority if opts is not None else None
-                queue_submission(ledger, e.task_id, prio, self.ctx.cfg.limits)
+                who = opts.pusher if opts is not None else None
+                queue_submission(ledger, e.task_id, prio, self.ctx.cfg.limits, who)
             elif isinstance(e, KillOrphan):
                 pidfile = self.ctx.layout.run / "steps" / f"{repo}__{e.task_id}.json"
                 if kill_orphan(pidfile):
