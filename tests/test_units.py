@@ -383,6 +383,17 @@ def test_same_commit_and_unchanged_tree_cross_no_pack(
     assert unitrepo.snapshot(clone, u, bare, head) == base_tree
     assert calls.read_text() == "", "an unchanged tree crosses no pack"
 
+    # another task at the same commit: the agent's transitions on top keep the tree, so
+    # the clone checks out the commit it holds (no pack), and git in the step works
+    running = git(
+        "--git-dir", str(bare), "commit-tree", base_tree, "-p", head,
+        "-m", "running\n\nKovanex-State: running",
+    ).stdout.strip()  # fmt: skip
+    calls.write_text("")
+    assert unitrepo.prepare(bare, running, u, "demo") == clone
+    assert unitrepo.snapshot(clone, u, bare, running) == base_tree
+    assert calls.read_text() == "", "transitions that keep the tree need no pack"
+
     subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "echo b > b.txt"], cwd=clone, check=True)
     tree = unitrepo.snapshot(clone, u, bare, head)
     assert tree != base_tree and "unpack-objects" in calls.read_text()

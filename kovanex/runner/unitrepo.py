@@ -148,9 +148,25 @@ def _pipe(
     )
 
 
+def checkout_of(store: pygit2.Repository, tip: str) -> str:
+    """The commit a unit checks out for `tip`: below the agent's own transition commits
+    that leave the tree as it is (queued, placed, running), the commit that made the tree.
+    Tasks pushed at one commit then share it, so a clone that holds it needs no pack
+    (issue 11); the step's tree is the same either way."""
+    c = store[tip].peel(pygit2.Commit)
+    while len(c.parents) == 1 and "\nKovanex-State: " in c.message:
+        parent = c.parents[0]
+        if parent.tree_id != c.tree_id:
+            break
+        c = parent
+    return str(c.id)
+
+
 def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
-    """Check `commit` out in the unit's clone of `repo`; the tree is exactly `commit`'s."""
+    """Check `commit`'s tree out in the unit's clone of `repo`, at `checkout_of(commit)`;
+    the tree is exactly `commit`'s."""
     bare = bare.absolute()
+    commit = checkout_of(pygit2.Repository(str(bare)), commit)
     dest = clone_path(unit, repo)
     key = (str(dest), str(bare))
     with _have_lock:
@@ -195,6 +211,7 @@ def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
     """
     bare = bare.absolute()
     store = pygit2.Repository(str(bare))
+    base = checkout_of(store, base)  # what prepare checked out: the clone holds it
     base_tree = str(store[base].peel(pygit2.Tree).id)
     prod = subprocess.Popen(
         _as_unit(unit, _SNAPSHOT, base, base_tree),
