@@ -23,6 +23,9 @@ kx_relay() {
       if [ "$phase" = pre-receive ]; then
         printf 'quarantine %s\n' "${GIT_QUARANTINE_PATH:-}"
       fi
+      # who pushed: githttp sets the committer ident to the token's name (ADR 0040)
+      l=${GIT_COMMITTER_EMAIL:--} v=${GIT_COMMITTER_NAME:-}
+      printf 'pusher %s %s\n' "${l//[$'\n' ]/_}" "${v//$'\n'/ }"
       i=0
       while [ "$i" -lt "${GIT_PUSH_OPTION_COUNT:-0}" ]; do
         v="GIT_PUSH_OPTION_$i"; printf 'opt %s\n' "${!v}"; i=$((i + 1))

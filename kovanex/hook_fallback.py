@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from kovanex import config as cfgmod
 from kovanex.gitstate.ledger import TaskLedger
-from kovanex.gitstate.pygit2store import Pygit2Store
+from kovanex.gitstate.pygit2store import Pygit2Store, http_pusher
 from kovanex.inputlimits import InputLimits
-from kovanex.pushcheck import PushOptions, RefUpdate, check_pre_receive, record_push
+from kovanex.pushcheck import (
+    PushOptions,
+    RefUpdate,
+    check_pre_receive,
+    keep_pusher_log,
+    record_push,
+)
 
 
 def run(
@@ -21,6 +28,9 @@ def run(
 ) -> int:
     updates = [RefUpdate.parse(ln) for ln in lines]
     options = PushOptions.parse(opts)
+    options.pusher = http_pusher(
+        os.environ.get("GIT_COMMITTER_NAME"), os.environ.get("GIT_COMMITTER_EMAIL")
+    )
     try:
         cfg = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir)))
         node, limits, coord = cfg.name, cfg.limits, cfg.coordination
@@ -39,6 +49,8 @@ def run(
         )
         for m in verdict.messages:
             print(m, file=sys.stderr)
+        if verdict.ok:
+            keep_pusher_log(git_dir, updates)
         return 0 if verdict.ok else 1
     ledger = TaskLedger(Pygit2Store(git_dir), node=node)
     for task_id, what in record_push(ledger, updates, options, limits):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kovanex import spec as specmod
 from kovanex.coordcfg import ENABLE_HINT, CoordinationConfig
@@ -44,6 +45,8 @@ class PushOptions:
     dry_run: bool = False
     skip: bool = False
     errors: list[str] = field(default_factory=list)
+    # who pushed over HTTP (a token's name), from the hook's env, never from a push option
+    pusher: str | None = None
 
     @classmethod
     def parse(cls, opts: list[str]) -> PushOptions:
@@ -289,8 +292,27 @@ def record_push(
                 pass
             out.append((task_id, "skipped (push option skip); not scheduled"))
             continue
-        out.append((task_id, queue_submission(ledger, task_id, options.priority, limits)))
+        out.append(
+            (task_id, queue_submission(ledger, task_id, options.priority, limits, options.pusher))
+        )
     return out
+
+
+def keep_pusher_log(git_dir: str, updates: list[RefUpdate]) -> None:
+    """Start an empty reflog for each release ref this push writes (a tag, promote/<v>).
+
+    Repos log no ref updates by default (ADR 0040: a reflog per task branch grew with
+    history), but git appends to a reflog that exists, so receive-pack records the
+    pusher of exactly these refs, which the promotion code reads (`Store.pusher`)."""
+    for u in updates:
+        if u.new == ZERO or refs.release_version_of(u.ref) is None:
+            continue
+        log = Path(git_dir) / "logs" / u.ref
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.touch(exist_ok=True)
+        except OSError:
+            pass  # no reflog: the promotion is requested by "" (as for a local push)
 
 
 def is_skipped(ledger: TaskLedger, task_id: str, tip: str) -> bool:
@@ -302,10 +324,12 @@ def queue_submission(
     task_id: str,
     priority: int | None = None,
     limits: InputLimits = DEFAULT_LIMITS,
+    pusher: str | None = None,
 ) -> str:
     """Write the `queued` transition on top of a user's push (CAS; losers just re-read).
 
-    `limits` are the node's own, as at pre-receive: what the hook accepted is queued."""
+    `limits` are the node's own, as at pre-receive: what the hook accepted is queued.
+    `pusher` is who the hook saw push (None: a local push, or not known)."""
     view = ledger.read(task_id)
     if view.state != "submitted":
         return view.state
@@ -320,7 +344,7 @@ def queue_submission(
             # Only a spec that skipped pre-receive gets here (replication, fetch, update-ref).
             # `submitted` may only move to `queued`, so queue it first, then record why it
             # cannot run; going straight to unschedulable raised and left it submitted.
-            who = pushed_by(ledger, task_id, view.tip)
+            who = pusher or pushed_by(ledger, task_id, view.tip)
             _append(ledger, task_id, view, taskcore.queue(view, priority or 50, who))
             view = ledger.read(task_id)
             if view.state != taskcore.QUEUED:
@@ -328,14 +352,16 @@ def queue_submission(
             _append(ledger, task_id, view, taskcore.mark_unschedulable(view, f"invalid spec: {e}"))
             return "unschedulable"
     prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
-    tr = taskcore.queue(view, prio, pushed_by(ledger, task_id, view.tip))
+    tr = taskcore.queue(view, prio, pusher or pushed_by(ledger, task_id, view.tip))
     _append(ledger, task_id, view, tr)
     return "queued"
 
 
 def pushed_by(ledger: TaskLedger, task_id: str, tip: str) -> str:
     """The token's name for a push over HTTP; `local@<node>` for a push over a local path,
-    which only someone with the node's data dir can make (the CLI acts as admin there)."""
+    which only someone with the node's data dir can make (the CLI acts as admin there).
+    The hook hands the name over (`PushOptions.pusher`); a ref's reflog, where a repo
+    still keeps one (made before ADR 0040), is the fallback."""
     from kovanex.gitstate.ledger import task_ref
 
     return ledger.store.pusher(task_ref(task_id), tip) or f"local@{ledger.node}"

@@ -45,6 +45,8 @@ def state(node: Node, task: str) -> str:
 
 def test_push_runs_task_and_git_log_is_the_audit_trail(node: Node, tmp_path: Path) -> None:
     clone = clone_with_task(node, "demo", tmp_path / "c", "build-42", TWO_STEPS)
+    # repos keep no reflogs (ADR 0040); this one does, to count the branch's moves below
+    git("config", "core.logAllRefUpdates", "true", cwd=node.repo("demo"))
     push = git("push", "origin", "task/build-42", cwd=clone)
     assert "kovanex: task build-42 accepted by n1" in push.stderr
     assert "kovanex task logs build-42 --follow" in push.stderr

@@ -126,6 +126,8 @@ def test_scopes_over_git_http(node: Node, tmp_path: Path) -> None:
     commit_task(w, "t1")
     git("push", "-q", "origin", "task/t1", cwd=w)
     assert pushed_by(node, "t1") == "ci"
+    # the hook handed the name over: a task branch keeps no reflog (ADR 0040)
+    assert not (node.repo("demo") / "logs" / "refs" / "heads" / "task" / "t1").exists()
 
     # a read token clones, and its push is refused with a reason git prints
     r = tmp_path / "r"

@@ -352,3 +352,49 @@ def test_prepare_removes_what_a_step_planted_in_git_dir(units, tmp_path: Path) -
     subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "ln -s /nowhere .git/info"], cwd=clone)
     unitrepo.prepare(bare, head, u, "demo")
     assert not os.path.lexists(clone / ".git" / "info")
+
+
+@needs_root
+def test_same_commit_and_unchanged_tree_cross_no_pack(
+    units, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: a clone that holds the commit already gets no pack (no node git at all),
+    and a step that changed nothing sends none back; a changed tree still crosses.
+    The node's git is the real one behind a wrapper that records each run."""
+    bare, head = _bare_with_commit(tmp_path)
+    u = units[0]
+    calls = tmp_path / "node-git-calls"
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True)
+    (wrap / "git").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real.stdout.strip()} "$@"\n')
+    (wrap / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+    base_tree = git("--git-dir", str(bare), "rev-parse", f"{head}^{{tree}}").stdout.strip()
+
+    clone = unitrepo.prepare(bare, head, u, "demo")
+    assert "pack-objects" in calls.read_text(), "the first prepare fills the clone"
+    calls.write_text("")
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "echo junk > a.txt"], cwd=clone, check=True)
+    assert unitrepo.prepare(bare, head, u, "demo") == clone
+    assert calls.read_text() == "", "the clone held the commit: no pack was made"
+    assert (clone / "a.txt").read_text() == "a\n", "checkout still resets the tree"
+
+    assert unitrepo.snapshot(clone, u, bare, head) == base_tree
+    assert calls.read_text() == "", "an unchanged tree crosses no pack"
+
+    # another task at the same commit: the agent's transitions on top keep the tree, so
+    # the clone checks out the commit it holds (no pack), and git in the step works
+    running = git(
+        "--git-dir", str(bare), "commit-tree", base_tree, "-p", head,
+        "-m", "running\n\nKovanex-State: running",
+    ).stdout.strip()  # fmt: skip
+    calls.write_text("")
+    assert unitrepo.prepare(bare, running, u, "demo") == clone
+    assert unitrepo.snapshot(clone, u, bare, running) == base_tree
+    assert calls.read_text() == "", "transitions that keep the tree need no pack"
+
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "echo b > b.txt"], cwd=clone, check=True)
+    tree = unitrepo.snapshot(clone, u, bare, head)
+    assert tree != base_tree and "unpack-objects" in calls.read_text()
+    assert git("--git-dir", str(bare), "cat-file", "-p", f"{tree}:b.txt").stdout == "b\n"

@@ -8,6 +8,8 @@ import asyncio
 import random
 from pathlib import Path
 
+import pytest
+
 from bench.seed import seed
 from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
@@ -70,7 +72,13 @@ def test_service_archives_old_tasks_runs_maintenance_and_remembers(tmp_path: Pat
     svc, forgot, repo = service(tmp_path, clock)
     seed(repo, 5, prefix="old", age_s=30 * DAY)
     seed(repo, 2, prefix="new", age_s=0)
+    midx = repo / "objects" / "pack" / "multi-pack-index"
+    gitcli.run(["repack", "-q"], git_dir=repo)
+    gitcli.run(["multi-pack-index", "write"], git_dir=repo)  # as an incremental-repack left
+    assert midx.exists()
     assert asyncio.run(svc.run_due()) == 2
+    # no multi-pack-index: libgit2 reads all of it into every open handle (issue 11)
+    assert not midx.exists()
     assert sorted(forgot) == [("r", f"old{i}") for i in range(5)]
     assert set(gitcli.for_each_ref(repo, "refs/heads/task/")) == {
         "refs/heads/task/new0",
@@ -121,3 +129,36 @@ def test_a_bad_maintenance_setting_is_refused_with_what_fits() -> None:
     cfg = cfgmod.NodeConfig(name="n1", archive_after="3d", maintenance_every="30m")
     back = cfgmod.NodeConfig.from_toml(cfg.to_toml())
     assert (back.archive_after, back.maintenance_every) == ("3d", "30m")
+
+
+def test_an_archive_pass_gives_memory_back_with_no_tip_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: the first pass over 10,000 tasks kept its peak in the heap, because the
+    list of tips was still referenced (by the pass's frame, and by the executor's finished
+    future) when the pass gave memory back. The real release runs; we count the tips
+    alive at that moment, on the agent's own loop (uvloop)."""
+    import gc
+    import time
+
+    import uvloop
+
+    from kovanex.agent import upkeep as upkeep_svc
+    from kovanex.gitstate.archive import TaskTip
+
+    alive: list[int] = []
+    real = upkeep_svc.release_memory
+
+    def counted() -> None:
+        gc.collect()
+        alive.append(sum(isinstance(o, TaskTip) for o in gc.get_objects()))
+        real()
+
+    monkeypatch.setattr(upkeep_svc, "release_memory", counted)
+    clock = FakeClock(wall=time.time())
+    svc, forgot, repo = service(tmp_path, clock)
+    seed(repo, 50, prefix="old", age_s=30 * DAY)
+    seed(repo, 3, prefix="new", age_s=0)
+    assert uvloop.run(svc.run_due()) == 2
+    assert len(forgot) == 50
+    assert alive == [0], "the archive pass gave memory back while its tips were alive"

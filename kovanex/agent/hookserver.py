@@ -1,7 +1,8 @@
 """Loopback endpoint for the bash hook relays (see docs/decisions/0006-hook-relay.md).
 
 Protocol, one line each: `KOVANEX-HOOK 1 <token> <phase>`, then `git_dir`,
-`quarantine`, `opt <o>`*, `ref <old> <new> <ref>`*, `end`. The agent answers
+`quarantine`, `pusher <email> <name>` (git's committer ident in the hook's env),
+`opt <o>`*, `ref <old> <new> <ref>`*, `end`. The agent answers
 `msg <text>`* then `ok` or `reject`. The token keeps other local users out.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kovanex.gitstate.pygit2store import http_pusher
+
 log = logging.getLogger("kovanex.hooks")
 
 
@@ -23,6 +26,7 @@ class HookRequest:
     phase: str
     git_dir: str = ""
     quarantine: str = ""
+    pusher: str | None = None  # a token's name for a push over HTTP (pushcheck.http_pusher)
     options: list[str] = field(default_factory=list)
     refs: list[str] = field(default_factory=list)
     emit: Callable[[str], None] | None = None  # send a `msg` line now (a streamed report)
@@ -90,6 +94,9 @@ class HookServer:
                 req.git_dir = val
             elif key == "quarantine":
                 req.quarantine = val
+            elif key == "pusher":
+                email, _, name = val.partition(" ")
+                req.pusher = http_pusher(name, email)
             elif key == "opt":
                 req.options.append(val)
             elif key == "ref" and val.strip():

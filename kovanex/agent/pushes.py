@@ -14,7 +14,13 @@ from kovanex.agent.placement import Placer
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskScheduler
 from kovanex.gitstate.ledger import task_id_of
-from kovanex.pushcheck import ZERO, PushOptions, RefUpdate, check_pre_receive
+from kovanex.pushcheck import (
+    ZERO,
+    PushOptions,
+    RefUpdate,
+    check_pre_receive,
+    keep_pusher_log,
+)
 
 
 class PushHandler:
@@ -44,6 +50,7 @@ class PushHandler:
     async def on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
         updates = [RefUpdate.parse(r) for r in req.refs]
         options = PushOptions.parse(req.options)
+        options.pusher = req.pusher
         repo = Path(req.git_dir).name.removesuffix(".git")
         if req.phase == "pre-receive":
             return await self._pre_receive(req, repo, updates, options)
@@ -78,6 +85,7 @@ class PushHandler:
             if not ok:
                 verdict.reject(f"kovanex: {why}")
         if verdict.ok:
+            keep_pusher_log(req.git_dir, updates)
             for u in updates:
                 tid = task_id_of(u.ref)
                 if tid is not None and u.new != ZERO:

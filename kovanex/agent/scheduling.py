@@ -124,15 +124,22 @@ class TaskScheduler:
         finished task with no run here needs nothing but its tip, so its history is not
         walked (a start costs what the live tasks cost, and memory stays flat)."""
         tips = await asyncio.to_thread(archive.read_tips, self.repos.path(repo))
-        for t in tips:
-            if t.finished and t.transition and (repo, t.task_id) not in self.runs.runs:
-                tr = t.transition
-                view = taskcore.TaskView(
-                    t.task_id, tr.state, tr.epoch, tr.node, tr.attempt, reason=tr.reason, tip=t.oid
-                )
-                self._observe(repo, view)
-            else:
-                await self.reconcile_task(repo, t.task_id)
+        try:
+            for t in tips:
+                if t.finished and t.transition and (repo, t.task_id) not in self.runs.runs:
+                    tr = t.transition
+                    # copies: what we keep must not pin the pages of the parse (issue 11)
+                    tid, tip = archive.fresh(t.task_id), archive.fresh(t.oid)
+                    view = taskcore.TaskView(
+                        tid, tr.state, tr.epoch, tr.node, tr.attempt, reason=tr.reason, tip=tip
+                    )
+                    self._observe(repo, view)
+                else:
+                    await self.reconcile_task(repo, t.task_id)
+        finally:
+            # the executor's finished future keeps its result alive after we return, so the
+            # first pass's peak stayed in the heap; emptying the list frees it (issue 11)
+            tips.clear()
 
     async def sweep_repo(self, repo: str) -> None:
         """Anti-entropy at the cost of the tasks in flight: every task ref is listed only
@@ -289,7 +296,8 @@ class TaskScheduler:
                     log.info("%s/%s requeued: %s", repo, e.task_id, e.transition.reason)
             elif isinstance(e, QueueSubmission):
                 prio = opts.priority if opts is not None else None
-                queue_submission(ledger, e.task_id, prio, self.ctx.cfg.limits)
+                who = opts.pusher if opts is not None else None
+                queue_submission(ledger, e.task_id, prio, self.ctx.cfg.limits, who)
             elif isinstance(e, KillOrphan):
                 pidfile = self.ctx.layout.run / "steps" / f"{repo}__{e.task_id}.json"
                 if kill_orphan(pidfile):

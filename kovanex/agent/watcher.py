@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,11 +69,10 @@ class _Handler(FileSystemEventHandler):
                     task = ""  # a non-task ref (e.g. main): announce to replicas only
                 elif f"/{refs.KOVANEX}" not in path and not path.endswith("packed-refs"):
                     continue
-            try:
-                name = Path(path).relative_to(self.repos_dir).parts[0]
-            except ValueError:
-                continue
-            if name.endswith(".git"):
+            # string ops, not Path.parts: pathlib interns every part, and archiving 10,000
+            # task refs would grow the interpreter's intern table for good (issue 11)
+            name = os.path.relpath(path, self.repos_dir).split(os.sep, 1)[0]
+            if name.endswith(".git") and not name.startswith(".."):
                 self.notify(name[:-4], task)
 
 

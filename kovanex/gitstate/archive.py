@@ -85,6 +85,12 @@ def read_tips(git_dir: Path | str, *, live: bool = True, archived: bool = False)
     return sorted(tips, key=lambda t: (t.archived, t.task_id))
 
 
+def fresh(s: str) -> str:
+    """A copy of `s` in a new allocation: long-lived state built from a big parse (every
+    task's tip) would otherwise pin the parse's heap pages after it is freed."""
+    return (s + " ")[:-1]
+
+
 def due(tips: Iterable[TaskTip], now: float, older_than_s: float) -> list[TaskTip]:
     """Live tasks whose tip is a final transition at least `older_than_s` old (pure)."""
     return [t for t in tips if not t.archived and t.finished and now - t.time >= older_than_s]

@@ -282,25 +282,36 @@ def rev_parse(git_dir: Path | str, rev: str) -> str | None:
 HIDE_CONFIG = tuple(
     (key, prefix) for prefix in HIDDEN for key in ("receive.hideRefs", "uploadpack.hideRefs")
 )
+# No reflog is made unless one exists (ADR 0040): a reflog per task branch cost every ref
+# write an append and grew with history. A release ref's pusher is still logged: the
+# pre-receive check starts its reflog (pushcheck.keep_pusher_log), and git appends to it.
+NO_REFLOGS = ("core.logAllRefUpdates", "false")
 # Config every bare repo Kovanex serves gets: push options reach the hooks, objects are
-# checked on receive, reflogs kept for forensics, and no gc racing the agent.
+# checked on receive, and no gc racing the agent.
 BARE_CONFIG = (
     ("receive.advertisePushOptions", "true"),
     ("receive.fsckObjects", "true"),
-    ("core.logAllRefUpdates", "always"),  # tags too: who pushed a release (ADR 0022)
+    NO_REFLOGS,
     ("gc.auto", "0"),
     *HIDE_CONFIG,
 )
 
 
 def ensure_hidden(path: Path | str) -> bool:
-    """Give a repo made before archiving existed its hideRefs lines (agent start); True if
-    it lacked any. One `git config` read when nothing is missing."""
-    have = run(["config", "--get-regexp", r"\.hiderefs$"], git_dir=path, check=False).stdout
+    """Give a repo made before archiving existed its hideRefs lines, and one made before
+    ADR 0040 no reflogs for new refs (agent start); True if it lacked any. One `git
+    config` read when nothing is missing."""
+    pattern = r"\.hiderefs$|^core\.logallrefupdates$"
+    have = run(["config", "--get-regexp", pattern], git_dir=path, check=False).stdout
     lines = set(have.splitlines())
     missing = [(k, v) for k, v in HIDE_CONFIG if f"{k.lower()} {v}" not in lines]
     for key, val in missing:
         run(["config", "--add", key, val], git_dir=path)
+    if any(
+        ln.startswith("core.logallrefupdates ") for ln in lines - {"core.logallrefupdates false"}
+    ):
+        run(["config", *NO_REFLOGS], git_dir=path)
+        return True
     return bool(missing)
 
 

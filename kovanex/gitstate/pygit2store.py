@@ -173,8 +173,7 @@ class Pygit2Store:
             return None
         for e in entries:  # newest first
             if str(e.oid_new) == oid:
-                c = e.committer
-                return c.name if "@http." in (c.email or "") else None
+                return http_pusher(e.committer.name, e.committer.email)
         return None
 
     def _entry(self, commit_or_tree: str, path: str) -> pygit2.Object | None:
@@ -204,3 +203,9 @@ class Pygit2Store:
 
     def walk(self, tip: str, limit: int | None = None) -> Iterator[CommitInfo]:
         return walk_first_parent(self, tip, limit)
+
+
+def http_pusher(name: str | None, email: str | None) -> str | None:
+    """The token's name when git's committer ident is the one githttp gives a push over
+    HTTP (`<user>@http.<addr>`), else None; the same rule for the hook's env and a reflog."""
+    return name if name and "@http." in (email or "") else None

@@ -14,6 +14,7 @@ node -> unit `pack-objects | index-pack` before a task, unit -> node
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -36,10 +37,11 @@ _UNIT_CFG = {
     "gc.auto": "0",
     "protocol.allow": "never",
 }
-# Fill and check out; $1 = clone dir, $2 = commit, $3 = "fresh" to start over.
-# The config and hooks dir are rewritten each time, so a previous task's step
-# cannot leave a filter or hook behind for the next task in this unit; `rm` runs only
-# when there is something to remove (one exec less per task, issue 11).
+# Fill and check out; $1 = clone dir, $2 = commit, $3 = "fresh" to start over, $4 =
+# "pack" when a pack of what the clone lacks comes on stdin. The config and hooks dir
+# are rewritten each time, so a previous task's step cannot leave a filter or hook behind
+# for the next task in this unit; `rm` runs only when there is something to remove, and
+# no pack is made nor indexed when the clone already holds the commit (issue 11).
 _PREPARE = r"""set -e
 d=$1; c=$2
 if [ "$3" = fresh ] || [ ! -d "$d/.git/objects" ]; then rm -rf "$d"; mkdir -p "$d"; git init -q "$d"; fi
@@ -48,19 +50,22 @@ printf '[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false
 for p in .git/hooks .git/info .git/index.lock; do
   if [ -e "$p" ] || [ -L "$p" ]; then rm -rf .git/hooks .git/info .git/index.lock; break; fi
 done
-git index-pack --stdin --fix-thin >/dev/null
+if [ "$4" = pack ]; then git index-pack --stdin --fix-thin >/dev/null; fi
 git checkout -q --force --detach "$c"
 git clean -ffdxq
 """
 # Snapshot in one unit process: stage, write the tree, name it on stderr, then stream
-# the objects the base lacks on stdout; $1 = the base commit. One setpriv and one shell
-# per snapshot instead of two of each (issue 11). stderr is read only after the pack, so
-# `git add`'s warnings (one per file, unbounded) are dropped; a failing add runs again to
-# say why.
+# the objects the base lacks on stdout; $1 = the base commit, $2 = its tree. One setpriv
+# and one shell per snapshot instead of two of each (issue 11). stderr is read only after
+# the pack, so `git add`'s warnings (one per file, unbounded) are dropped; a failing add
+# runs again to say why. The first stdout line says whether a pack follows: a step that
+# left the tree as it found it (a test, a deploy) costs no pack-objects and no unpack-objects.
 _SNAPSHOT = r"""set -e
 git add -A -- . 2>/dev/null || git add -A -- .
 t=$(git write-tree)
 printf 'kovanex-tree %s\n' "$t" >&2
+if [ "$t" = "$2" ]; then echo same; exit 0; fi
+echo pack
 printf '%s\n^%s\n' "$t" "$1" | git pack-objects --revs --stdout -q
 """
 _TREE_LINE = re.compile(r"^kovanex-tree ([0-9a-f]{40}|[0-9a-f]{64})$", re.M)
@@ -143,24 +148,53 @@ def _pipe(
     )
 
 
+def checkout_of(store: pygit2.Repository, tip: str) -> str:
+    """The commit a unit checks out for `tip`: below the agent's own transition commits
+    that leave the tree as it is (queued, placed, running), the commit that made the tree.
+    Tasks pushed at one commit then share it, so a clone that holds it needs no pack
+    (issue 11); the step's tree is the same either way."""
+    c = store[tip].peel(pygit2.Commit)
+    while len(c.parents) == 1 and "\nKovanex-State: " in c.message:
+        parent = c.parents[0]
+        if parent.tree_id != c.tree_id:
+            break
+        c = parent
+    return str(c.id)
+
+
 def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
-    """Check `commit` out in the unit's clone of `repo`; the tree is exactly `commit`'s."""
+    """Check `commit`'s tree out in the unit's clone of `repo`, at `checkout_of(commit)`;
+    the tree is exactly `commit`'s."""
     bare = bare.absolute()
+    commit = checkout_of(pygit2.Repository(str(bare)), commit)
     dest = clone_path(unit, repo)
     key = (str(dest), str(bare))
     with _have_lock:
         have = _have.pop(key, None)
     for fresh in (False, True) if have else (True,):
-        revs = f"{commit}\n" + ("" if fresh or not have else f"^{have}\n")
-        p_rc, c_rc, _, err = _pipe(
-            _node_git(bare, "pack-objects", "--revs", "--thin", "--stdout", "-q"),
-            _node_env(),
-            None,
-            _as_unit(unit, _PREPARE, str(dest), commit, "fresh" if fresh else "reuse"),
-            _unit_env(unit),
-            unit.path,
-            revs,
-        )
+        mode = "fresh" if fresh else "reuse"
+        if not fresh and have == commit:
+            # the clone holds the commit already (a fan-out of tasks on one commit, a
+            # retry, a promotion gate): no pack-objects and no index-pack (issue 11)
+            r = subprocess.run(
+                _as_unit(unit, _PREPARE, str(dest), commit, mode, "nopack"),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=_unit_env(unit),
+                cwd=unit.path,
+            )
+            p_rc, c_rc, err = 0, r.returncode, r.stderr.decode(errors="replace")
+        else:
+            revs = f"{commit}\n" + ("" if fresh or not have else f"^{have}\n")
+            p_rc, c_rc, _, err = _pipe(
+                _node_git(bare, "pack-objects", "--revs", "--thin", "--stdout", "-q"),
+                _node_env(),
+                None,
+                _as_unit(unit, _PREPARE, str(dest), commit, mode, "pack"),
+                _unit_env(unit),
+                unit.path,
+                revs,
+            )
         if p_rc == 0 and c_rc == 0:
             with _have_lock:
                 _have[key] = commit
@@ -172,28 +206,63 @@ def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
     """Tree of what the step left in its clone (add -A as the unit), copied into `bare`.
 
     Only objects not reachable from `base` (the commit the step started from) cross.
-    The unit names the tree; the node checks it landed as a tree in `bare`.
+    The unit names the tree; the node checks it landed as a tree in `bare`, and that a
+    tree the unit sent no pack for is the base's own.
     """
-    p_rc, c_rc, _, err = _pipe(
-        _as_unit(unit, _SNAPSHOT, base),
-        _unit_env(unit),
-        clone,
-        _node_git(bare.absolute(), "unpack-objects", "-q", "--strict"),
-        _node_env(),
-        None,
-        "",
+    bare = bare.absolute()
+    store = pygit2.Repository(str(bare))
+    base = checkout_of(store, base)  # what prepare checked out: the clone holds it
+    base_tree = str(store[base].peel(pygit2.Tree).id)
+    prod = subprocess.Popen(
+        _as_unit(unit, _SNAPSHOT, base, base_tree),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_unit_env(unit),
+        cwd=clone,
     )
+    assert prod.stdout is not None and prod.stderr is not None
+    head = _read_line(prod.stdout.fileno())
+    c_rc, c_err = 0, b""
+    if head == b"pack":  # the pipe is now at the pack's first byte: hand it over as is
+        cons = subprocess.Popen(
+            _node_git(bare, "unpack-objects", "-q", "--strict"),
+            stdin=prod.stdout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=_node_env(),
+        )
+        prod.stdout.close()
+        _, c_err = cons.communicate()
+        c_rc = cons.returncode
+    else:
+        prod.stdout.close()
+    p_err = prod.stderr.read()
+    prod.stderr.close()
+    p_rc = prod.wait()
+    err = (p_err + c_err).decode(errors="replace")
     found = _TREE_LINE.findall(err)
-    if p_rc != 0 or c_rc != 0 or len(found) != 1:
+    tree = found[0] if len(found) == 1 else ""
+    if p_rc != 0 or c_rc != 0 or not tree or (head != b"pack" and tree != base_tree):
         raise WorktreeError(
             f"snapshot {clone}: add/write-tree/pack as {unit.user}, unpack into {bare}: "
             f"{err.strip()}"
         )
-    tree = found[0]
-    obj = pygit2.Repository(str(bare)).get(tree)
-    if not isinstance(obj, pygit2.Tree):
+    if not isinstance(store.get(tree), pygit2.Tree):
         raise WorktreeError(f"snapshot {clone}: {tree} is not a tree in {bare}")
     return tree
+
+
+def _read_line(fd: int, limit: int = 16) -> bytes:
+    """One short line from a pipe, a byte at a time: nothing past it is consumed, so the
+    rest of the pipe can go to another process as it is."""
+    out = b""
+    while len(out) < limit:
+        b = os.read(fd, 1)
+        if not b or b == b"\n":
+            break
+        out += b
+    return out
 
 
 def forget(unit: Unit, repo: str, bare: Path) -> None:
