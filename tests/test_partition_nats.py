@@ -305,6 +305,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         for n in nodes[1:]:
             n.start("--join", gossip_addr(nodes[0]))
         wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
+        # the lease's KV bucket grows to 5 replicas as servers join; cut before that, and a
+        # 2 | 3 split can leave the majority without a quorum of the stream (ADR 0026)
+        wait_for(
+            lambda: any("KV bucket now has 5 replicas" in n.log() for n in nodes),
+            within(10),
+            "the KV bucket replicated on all five servers",
+        )
         yield Cluster(net, nodes, root)
     finally:
         for n in nodes:
