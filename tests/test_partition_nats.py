@@ -107,7 +107,7 @@ def kv_replicas(n: NsNode) -> int:
     """Replicas of the lease's KV stream, from NATS's monitor (inside n's namespace)."""
     cfg = tomllib.loads((n.data / "kovanex.toml").read_text())
     host = cfg["gossip"]["bind"].rpartition(":")[0]
-    url = f"http://{host}:{cfg['coordination']['monitor_port']}/jsz?streams=true"
+    url = f"http://{host}:{cfg['coordination']['monitor_port']}/jsz?streams=true&config=true"
     code = (
         f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
     )
