@@ -26,10 +26,12 @@ poll. Pushes run inside the pusher's namespace, so the hooks reach that node's a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,22 @@ class NsNode(Node):
         through its hooks, as a user on that side of the partition would."""
         cmd = [*self.prefix, "git", *args]
         return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+def kv_replicas(n: NsNode) -> int:
+    """Replicas of the lease's KV stream, from NATS's monitor (inside n's namespace)."""
+    cfg = tomllib.loads((n.data / "kovanex.toml").read_text())
+    host = cfg["gossip"]["bind"].rpartition(":")[0]
+    url = f"http://{host}:{cfg['coordination']['monitor_port']}/jsz?streams=true&config=true"
+    code = (
+        f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+    )
+    p = subprocess.run([*n.prefix, sys.executable, "-c", code], capture_output=True, text=True)
+    for acct in json.loads(p.stdout).get("account_details", []):
+        for st in acct.get("stream_detail", []):
+            if st["name"] == "KV_kovanex":
+                return int(st["config"]["num_replicas"])
+    return 0
 
 
 @dataclass
@@ -305,6 +323,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         for n in nodes[1:]:
             n.start("--join", gossip_addr(nodes[0]))
         wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
+        # the lease's KV bucket grows to 5 replicas as servers join; cut before that, and a
+        # 2 | 3 split can leave the majority without a quorum of the stream (ADR 0026)
+        wait_for(lambda: kv_replicas(nodes[0]) == N, within(10), "the KV bucket on all five")
         yield Cluster(net, nodes, root)
     finally:
         for n in nodes:
