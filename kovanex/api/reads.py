@@ -16,6 +16,7 @@ from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core.graph import ClusterGraph
 from kovanex.gitstate.refs import task_ref, valid_task_id
 from kovanex.runner import units as unitsmod
+from kovanex.taskview import describe
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -69,8 +70,6 @@ def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
 
 
 def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
-    from kovanex.cli.taskcmd import describe
-
     led = ledger_of(agent, repo, task_id)
     d = describe(repo, led, task_id)
     d["reason"] = d.get("reason") or ""

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kovanex.api import promotions, reads, writes
+from kovanex.api import agentself, promotions, reads, writes
 from kovanex.api.events import EventHub, TaskWatch, member_topic
 from kovanex.api.forward import Forwarder
 from kovanex.api.router import ApiRouter
@@ -32,7 +32,8 @@ class ApiService:
             self.hub,
             agent.ctx.token,
             agent.book,
-            {**reads.handlers(agent), **writes.handlers(agent), **promotions.handlers(agent)},
+            {**reads.handlers(agent), **writes.handlers(agent), **promotions.handlers(agent),
+             **agentself.handlers(agent)},
             forward=Forwarder(agent),
             metrics=self._metrics,
         )
