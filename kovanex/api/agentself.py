@@ -27,7 +27,9 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         try:
             return await control(a, "reload")
         except (cfgmod.ConfigError, ValueError) as e:  # the file is the operator's to fix
-            raise ApiError(409, f"kovanex.toml: {e}; fix it and reload again", code="refused") from e
+            raise ApiError(
+                409, f"kovanex.toml: {e}; fix it and reload again", code="refused"
+            ) from e
 
     def keyring(action: str) -> Handler:
         async def run(c: Call) -> Any:
@@ -51,8 +53,12 @@ def handlers(agent: Agent) -> dict[str, Handler]:
                            "body.name")  # fmt: skip
         return await control(a, "repo.created", name=name)
 
+    async def publish_tokens(c: Call) -> Any:
+        return await control(a, "tokens.changed")
+
     return {
         "GetAgentSelf": self_h,
+        "PublishTokens": publish_tokens,
         "ReloadAgent": reload,
         "ListGossipKeys": keyring("list"),
         "InstallGossipKey": keyring("install"),

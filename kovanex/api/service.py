@@ -32,8 +32,12 @@ class ApiService:
             self.hub,
             agent.ctx.token,
             agent.book,
-            {**reads.handlers(agent), **writes.handlers(agent), **promotions.handlers(agent),
-             **agentself.handlers(agent)},
+            {
+                **reads.handlers(agent),
+                **writes.handlers(agent),
+                **promotions.handlers(agent),
+                **agentself.handlers(agent),
+            },
             forward=Forwarder(agent),
             metrics=self._metrics,
         )
