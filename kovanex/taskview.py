@@ -15,6 +15,20 @@ if TYPE_CHECKING:
     from kovanex.gitstate.ledger import TaskLedger
 
 
+def task_row(repo: str, task_id: str, view: Any) -> dict[str, Any]:
+    """A task as ListTasks and the task writes answer it: the view's headline fields."""
+    return {
+        "id": task_id,
+        "repo": repo,
+        "state": view.state,
+        "node": view.node,
+        "epoch": view.epoch,
+        "reason": view.reason or "",
+        "attempt": view.attempt,
+        "tip": view.tip,
+    }
+
+
 def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
     from kovanex import spec as specmod
 
@@ -63,14 +77,8 @@ def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
             }
         )
     return {
-        "id": task_id,
-        "repo": repo,
-        "state": view.state,
-        "node": view.node,
-        "epoch": view.epoch,
-        "attempt": view.attempt,
+        **task_row(repo, task_id, view),
         "reason": view.reason,
-        "tip": view.tip,
         "archived": led.ref_of is not task_ref,
         "kind": spec.kind if spec else None,
         "steps": steps,
