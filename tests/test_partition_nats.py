@@ -32,7 +32,7 @@ N = 5
 
 class NsNode(Node):
     """A Node whose agent (and `kovanex init`, so its ports are free there) runs inside a
-    network namespace; the CLI reaches it through its unix sockets from outside."""
+    network namespace; so does its CLI, which talks to the agent over its HTTP listener."""
 
     def __init__(self, root: Path, name: str, net: Net, i: int) -> None:
         self.data = root / name
@@ -44,6 +44,15 @@ class NsNode(Node):
         cmd += ["--name", name, "--bind", f"{addr}:0", "--http", f"{addr}:0", "--token", TOKEN]
         cmd += ["--coordination", "nats", "--labels", f"node={name}", "--units", "none"]
         subprocess.run(cmd, check=True, capture_output=True)
+
+    def kx(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [*self.prefix, sys.executable, "-m", "kovanex", *args, "--data", str(self.data)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+            )
+        return p
 
 
 def leaders(nodes: list[Node]) -> set[str]:
