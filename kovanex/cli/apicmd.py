@@ -54,12 +54,14 @@ def client_for(
     addr: str | None = None,
     token: str | None = None,
     timeout: float = 30.0,
+    from_env: bool = True,
 ) -> Any:
     from kovanex.client import Client, node_url
 
     try:
         url = node_url(layout) if addr is None else addr
-        c = Client(url, token or (local_token(layout) if addr is None else None), timeout)
+        tok = token or (local_token(layout) if addr is None else None)
+        c = Client(url, tok, timeout, from_env=from_env)
     except (cfgmod.ConfigError, OSError, ValueError) as e:
         raise CliError(f"{e}; pass --addr http://HOST:PORT of a node") from e
     if token:
@@ -75,13 +77,15 @@ def api_call(
     query: dict[str, Any] | None = None,
     token: str | None = None,
     timeout: float = 30.0,
+    from_env: bool = True,
     **params: Any,
 ) -> Any:
     """One operation on the local agent over HTTP (as `token` when given, else the node's
-    local admin token); an absent agent is AgentDown, a refusal a CliError."""
+    local admin token; `from_env=False`: this node's, whatever KOVANEX_ADDR says); an absent
+    agent is AgentDown, a refusal a CliError."""
     from kovanex.client import ApiError
 
-    c = client_for(layout, None, token, timeout)
+    c = client_for(layout, None, token, timeout, from_env)
     try:
         return c.call(op_id, body, query=query, **params)
     except ApiError as e:

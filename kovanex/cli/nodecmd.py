@@ -293,7 +293,7 @@ def _detach(layout: cfgmod.Layout, args: argparse.Namespace) -> int:
         if proc.poll() is not None:
             raise CliError(f"the agent exited with {proc.returncode}; see {layout.agent_log}")
         try:
-            me = api_call(layout, "GetAgentSelf", timeout=1)
+            me = api_call(layout, "GetAgentSelf", timeout=1, from_env=False)  # the one we started
             if me["pid"] == proc.pid and layout.hook_endpoint.exists():
                 print(f"agent started (pid {proc.pid}); log: {layout.agent_log}")
                 return 0
