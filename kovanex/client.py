@@ -57,15 +57,10 @@ class Client:
 
     @classmethod
     def for_node(cls, layout: Any, timeout: float = 30.0) -> Client:
-        """The local node's agent, with the node's cluster secret (the CLI's case)."""
+        """The local node's agent, with the node's cluster secret."""
         from kovanex import config as cfgmod
 
-        cfg = cfgmod.load(layout)
-        host, port = cfgmod.parse_addr(cfg.http_bind, 0)
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        host = f"[{host}]" if ":" in host else host
-        return cls(f"http://{host}:{port}", cfgmod.read_token(layout), timeout)
+        return cls(node_url(layout), cfgmod.read_token(layout), timeout)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -168,6 +163,17 @@ class Client:
             yield from parse_sse(resp)
         finally:
             conn.close()
+
+
+def node_url(layout: Any) -> str:
+    """http://HOST:PORT of the node whose data dir is `layout` (a wildcard bind: loopback)."""
+    from kovanex import config as cfgmod
+
+    host, port = cfgmod.parse_addr(cfgmod.load(layout).http_bind, 0)
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
 
 
 def parse_sse(resp: Any) -> Iterator[dict[str, Any]]:

@@ -6,7 +6,9 @@ data dir `<node data>/scaled/<node>-r<i>`, made the way an operator would:
 `kovanex init --role runner --token-file <the node's cluster.token> --join <its gossip>`,
 then `kovanex agent --detach`. A scale-down stops the newest of the runners this executor
 started (`kovanex leave`: a graceful leave, so placement stops at once). Data dirs stay,
-so a later scale-up restarts a runner under the same name and unit users.
+so a later scale-up restarts a runner under the same name and unit users. The runners
+live as long as the node's agent: it stops them as it stops (`stop_all`, ADR 0035); each
+runner's `run/agent.pid` is how a later apply, or the stopping agent, finds it.
 
 The token is read from the file, never passed in env or argv. Prints a JSON summary on
 stdout; exit 0 when it did what was asked, 3 when it could not (the reason on stderr).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 STOP_TIMEOUT_S = 30.0
+STOP_ALL_TIMEOUT_S = 10.0
 
 
 def _kx(data: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -34,13 +38,61 @@ def _kx(data: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedPr
     return p
 
 
-def running(data: Path) -> bool:
+def agent_pid(data: Path) -> int | None:
+    """The pid of the runner agent of `data`, if it runs: its pid file names a live process
+    that is that agent (a pid the kernel reused for something else is not ours to stop)."""
     try:
         pid = int((data / "run" / "agent.pid").read_text().strip())
         os.kill(pid, 0)
     except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return pid  # no /proc here: the pid file is all we have
+    return pid if "kovanex" in cmd and data.name in cmd else None
+
+
+def running(data: Path) -> bool:
+    return agent_pid(data) is not None
+
+
+def stop_all(base: Path, timeout: float = STOP_ALL_TIMEOUT_S) -> list[str]:
+    """Stop every runner agent started under `base` (<node data>/scaled): the node's agent
+    calls this as it stops, so runners never outlive it. SIGTERM (the agent's own clean
+    stop), then SIGKILL to the runner's process group (its steps) at the deadline."""
+    pids = {}
+    for data in sorted(base.glob("*")) if base.is_dir() else []:
+        pid = agent_pid(data)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                pids[data.name] = pid
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids.values()):
+        time.sleep(0.05)  # waiting for other processes to exit: there is nothing to wait on
+    for pid in pids.values():
+        if alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # `agent --detach` made it a session leader
+            except (ProcessLookupError, PermissionError):
+                pass
+    return sorted(pids)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    return True
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) has stopped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def ours(node: dict[str, Any]) -> list[Path]:

@@ -219,3 +219,44 @@ def test_kovanex_api_cli_calls_any_operation(node: Node) -> None:
     # the CLI verbs that need a live agent go through the same client
     members = json.loads(node.kx("members", "--format", "json").stdout)
     assert [m["name"] for m in members] == ["api-n1"]
+
+
+def _raw_exchange(node: Node, request: bytes) -> bytes:
+    """Bytes on the wire, read to EOF: the request ends with `Connection: close`."""
+    import socket
+
+    c = client(node)
+    with socket.create_connection((c.host, c.port), timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_head_sends_headers_only(node: Node) -> None:
+    """RFC 9110 9.3.2: a HEAD answer has a GET's headers and no body, errors included;
+    on a kept-alive connection the next answer starts right after the headers."""
+    token = client(node).token
+    for path, auth in (("/metrics", False), ("/healthz", False), ("/v1/openapi.json", False),
+                       ("/v1/nodes", True), ("/v1/nope", True), ("/v1/nodes", False)):  # fmt: skip
+        hdr = f"Authorization: Bearer {token}\r\n" if auth else ""
+        got = _raw_exchange(
+            node, f"HEAD {path} HTTP/1.1\r\nHost: t\r\n{hdr}Connection: close\r\n\r\n".encode()
+        )
+        head, sep, rest = got.partition(b"\r\n\r\n")
+        assert sep and rest == b"", (path, got[:300])
+        lines = head.decode().split("\r\n")
+        assert lines[0].split()[1] in ("200", "401", "404"), (path, lines[0])
+        length = [x for x in lines if x.lower().startswith("content-length:")]
+        if path == "/metrics":
+            assert lines[0].split()[1] == "200" and int(length[0].split(":")[1]) > 0
+    # HEAD then GET on one connection: the GET's status line follows the HEAD's headers
+    got = _raw_exchange(
+        node,
+        b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
+    first, _, second = got.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200"), got[:400]
+    assert second.endswith(b"\r\n\r\nok\n")

@@ -1,5 +1,6 @@
 """`kovanex health`, `kovanex graph`, `kovanex module`: against a real agent process, against
-a real control server answering from a real HealthService, and with no agent at all."""
+the real API router on a real HTTP listener answering from a real HealthService, and with
+no agent at all."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modmod
-from kovanex.agent.control import ControlError, ControlServer
 from kovanex.agent.healthsvc import HealthService
+from kovanex.api.events import EventHub
+from kovanex.api.router import ApiRouter, Call
 from kovanex.core.health import METRICS
+from kovanex.net.githttp import GitHttpServer
 from tests.agentkit import Node, kx, wait_for
 
 REGISTER = ("module", "register", "--name", "security-scan", "--version", "1.2.0",
@@ -70,13 +73,15 @@ def test_health_graph_and_modules_against_the_real_agent(tmp_path: Path) -> None
         node.stop()
 
 
-# -- a real control server in a thread -------------------------------------------------
+# -- the real API router in a thread ---------------------------------------------------
 class FakeCluster:
-    """A real ControlServer on the node's socket whose ops come from a real HealthService
-    and the node's real kovanex.toml: the CLI's side of the contract, agent-independent."""
+    """The real ApiRouter (auth, validation) on a real HTTP listener at the node's address,
+    whose operations come from a real HealthService and the node's real kovanex.toml: the
+    CLI's side of the contract, agent-independent. The CLI reaches it only over HTTP."""
 
     def __init__(self, layout: cfgmod.Layout) -> None:
         self.layout = layout
+        cfgmod.write_token(layout, cfgmod.new_join_value())
         self.cfg = cfgmod.load(layout)
         self.reloads = 0
         self.health = HealthService(layout.root, lambda: 2, lambda: 1, lambda: 3, interval_s=0.01)
@@ -86,9 +91,18 @@ class FakeCluster:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.server = ControlServer(self.layout.control_socket, self.handle)
+        ops = ("GetHealthMatrix", "ListNodes", "ReloadAgent")
+        router = ApiRouter(
+            EventHub(),
+            cfgmod.read_token(self.layout),
+            None,
+            {op: self._handler(op) for op in ops},
+        )
+        self.server = GitHttpServer(self.layout.root, "-", bind=("127.0.0.1", 0), router=router)
         self.stop = asyncio.Event()
         self.loop.run_until_complete(self.server.start())
+        self.cfg.http_bind = f"127.0.0.1:{self.server.port}"  # where the CLI will look
+        cfgmod.save(self.layout, self.cfg)
         self.sampler = self.loop.create_task(self.health.run(self.stop))
         self.ready.set()
         self.loop.run_forever()
@@ -110,8 +124,14 @@ class FakeCluster:
         self.loop.call_soon_threadsafe(halt)
         self.thread.join(10)
 
-    async def handle(self, op: str, args: dict[str, Any]) -> Any:
-        if op == "health":
+    def _handler(self, op_id: str) -> Any:
+        async def run(c: Call) -> Any:
+            return await self.handle(op_id)
+
+        return run
+
+    async def handle(self, op: str) -> Any:
+        if op == "GetHealthMatrix":
             return {
                 "node": self.cfg.name,
                 "nodes": {
@@ -120,8 +140,8 @@ class FakeCluster:
                     "n3": {"score": None, "vector": {}, "matrix": {}},
                 },
             }
-        if op == "members":
-            return [
+        if op == "ListNodes":
+            return {"index": 0, "nodes": [
                 {
                     "name": self.cfg.name,
                     "addr": self.cfg.gossip_bind,
@@ -147,12 +167,11 @@ class FakeCluster:
                     "repos_owned": [],
                     "repos_replica": ["app"],
                 },
-            ]
-        if op == "reload":
-            self.cfg = cfgmod.load(self.layout)
-            self.reloads += 1
-            return {"reloaded": True}
-        raise ControlError(f"unknown operation {op!r}")
+            ]}  # fmt: skip
+        assert op == "ReloadAgent"
+        self.cfg = cfgmod.load(self.layout)
+        self.reloads += 1
+        return {"reloaded": True}
 
 
 @pytest.fixture

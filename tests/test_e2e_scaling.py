@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kovanex import scale_executor
 from tests.agentkit import Node, clone_with_task, git, wait_for
 
 SPEC = """
@@ -150,6 +151,15 @@ def test_scale_apply_starts_a_runner_that_joins_and_runs_the_waiting_task(
         assert any(x["msg"].startswith("agent sc1 ready") for x in lines)
         assert {"time", "level", "logger", "node", "msg"} <= set(lines[0])
         assert any(x["logger"] == "kovanex.scaling" for x in lines)
+        # a runner lives as long as the agent that started it: stopping sc1 stops it
+        out = sc1.kx("scale", "apply", "--desired", "1").stdout
+        assert '"started": ["sc1-r1"]' in out
+        runner = sc1.data / "scaled" / "sc1-r1"
+        pid = scale_executor.agent_pid(runner)
+        assert pid is not None
+        sc1.stop()
+        assert not scale_executor.alive(pid) and not scale_executor.running(runner)
+        assert "stopped the runner agents this node started: sc1-r1" in sc1.log()
     finally:
         stop_scaled(sc1)
         sc1.stop()

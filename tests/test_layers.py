@@ -73,6 +73,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("kovanex.agent", ("kovanex.cli",)),
+    ("kovanex.api", ("kovanex.cli",)),  # the CLI calls the API, never the other way
     # The API client runs in other programs: the operation table, never the agent or CLI.
     ("kovanex.client", (*_UPPER, "kovanex.api.router", "kovanex.api.service")),
     # Shared top-level modules sit below the agent and the CLI: both import them.
@@ -87,6 +88,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
             "paths",
             "pushcheck",
             "spec",
+            "taskview",
             "testing",
             "tokens",
         )

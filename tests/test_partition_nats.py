@@ -40,9 +40,10 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex.agent import control
-from kovanex.cli.taskcmd import describe, find_task
+from kovanex.cli.taskcmd import find_task
 from kovanex.coordcfg import CoordinationConfig
 from kovanex.gitstate.refs import RECONCILE
+from kovanex.taskview import describe
 from tests.agentkit import Node, exchange_dir, fsck, git, wait_for
 from tests.netnskit import Net, skip_reason
 from tests.test_coordination_nats import agreed, gossip_addr
@@ -72,7 +73,7 @@ def within(idle_s: float) -> float:
 
 class NsNode(Node):
     """A Node whose agent (and `kovanex init`, so its ports are free there) runs inside a
-    network namespace; the CLI reaches it through its unix sockets from outside."""
+    network namespace; so does its CLI, which talks to the agent over its HTTP listener."""
 
     def __init__(self, root: Path, name: str, net: Net, i: int) -> None:
         self.data = root / name
@@ -88,6 +89,15 @@ class NsNode(Node):
     def ctl(self, op: str, **args: Any) -> Any:
         """The agent's control socket: what the CLI's `cluster status` / `repo ...` call."""
         return control.call(self.data / "run" / "agent.sock", op, **args)
+
+    def kx(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [*self.prefix, sys.executable, "-m", "kovanex", *args, "--data", str(self.data)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+            )
+        return p
 
     def view(self) -> dict[str, Any]:
         return self.ctl("cluster.status")

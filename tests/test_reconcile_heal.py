@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kovanex.cli.taskcmd import describe
 from kovanex.core import task as core
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.refs import LOST, OFFERED, RECONCILE
+from kovanex.taskview import describe
 from tests.agentkit import until
 from tests.test_replica_manager import (
     MAIN,

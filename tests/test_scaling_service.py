@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,10 +15,12 @@ from typing import Any
 import pytest
 
 from kovanex import config as cfgmod
+from kovanex import scale_executor
 from kovanex.agent.context import NodeContext
 from kovanex.agent.scaling import ApplyError, ScalingService
 from kovanex.core.autoscale import Policy
 from kovanex.testing import FakeClock
+from tests.agentkit import wait_for
 
 SECRET = "kx_super-secret-value"
 
@@ -52,6 +56,7 @@ def recorder(tmp_path: Path, sleep: float = 0.0) -> str:
     out = tmp_path / "got.json"
     script.write_text(
         "import json, os, sys, time\n"
+        f"open({str(tmp_path / 'exec.pid')!r}, 'w').write(str(os.getpid()))\n"
         f"time.sleep({sleep})\n"
         "data = json.load(sys.stdin)\n"
         f"open({str(out)!r}, 'w').write(json.dumps("
@@ -116,6 +121,55 @@ def test_apply_times_out_and_kills_the_executor(tmp_path: Path) -> None:
     assert not res["applied"] and "timed out after 1s" in res["executor"]["error"]
     assert svc.state.last_up is None
     assert not (tmp_path / "got.json").exists()
+    assert not scale_executor.alive(int((tmp_path / "exec.pid").read_text()))  # none left
+
+
+def _fake_runner(data: Path, ignore_term: bool = False) -> subprocess.Popen[bytes]:
+    """A real process whose command line names kovanex and the runner dir, recorded in
+    the runner's pid file as `kovanex agent --detach` records itself."""
+    code = "import signal, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += f"open({str(data / 'ready')!r}, 'w').close()\ntime.sleep(120)\n"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, "kovanex", "--data", str(data), "agent"],
+        start_new_session=True,
+    )
+    (data / "run").mkdir(parents=True)
+    (data / "run" / "agent.pid").write_text(f"{p.pid}\n")
+    return p
+
+
+def test_stopping_the_service_stops_the_runners_it_started_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    svc = service(tmp_path, Policy(), [member("n1")])
+    scaled = svc.ctx.layout.root / "scaled"
+    polite = _fake_runner(scaled / "n1-r1")
+    stubborn = _fake_runner(scaled / "n1-r2", ignore_term=True)
+    # a pid file whose pid now belongs to something else: not ours to stop
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (scaled / "n1-r3" / "run").mkdir(parents=True)
+    (scaled / "n1-r3" / "run" / "agent.pid").write_text(f"{other.pid}\n")
+    try:
+        wait_for(lambda: (scaled / "n1-r2" / "ready").exists(), 10, "runners up")
+        assert scale_executor.running(scaled / "n1-r1") and scale_executor.running(scaled / "n1-r2")
+        assert not scale_executor.running(scaled / "n1-r3")
+        asyncio.run(svc.stop(timeout=1.0))  # SIGKILL for what ignores SIGTERM that long
+        assert polite.wait(1) == -signal.SIGTERM and stubborn.wait(1) == -signal.SIGKILL
+        assert other.poll() is None
+        # a configured executor owns its runners' lives: the agent leaves them alone
+        again = _fake_runner(scaled / "n1-r4")
+        wait_for(lambda: (scaled / "n1-r4" / "ready").exists(), 10, "runner up")
+        svc.ctx.cfg.scaling = replace(svc.policy, executor="/bin/true")
+        asyncio.run(svc.stop())
+        assert again.poll() is None
+        again.kill()
+        again.wait(5)
+    finally:
+        for p in (polite, stubborn, other):
+            p.kill()
+            p.wait(5)
 
 
 def test_apply_refuses_bad_input_and_a_missing_executor(tmp_path: Path) -> None:

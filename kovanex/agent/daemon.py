@@ -311,6 +311,7 @@ class Agent:
         for w in workers:
             w.cancel()
         await self.runs.stop()
+        await self.scaling.stop()  # the runners this node's executor started
         self.watcher.stop()
         await self.replicas.stop()
         await self.coord.stop()

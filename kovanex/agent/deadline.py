@@ -15,7 +15,7 @@ from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import startwatch
 from kovanex.core import task as taskcore
-from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.agent")
@@ -130,23 +130,14 @@ class PlacementDeadline:
                 continue
             repo, task_id = key
             async with self.locks.of(key):
-                ledger = self.repos.ledger(repo)
-                view = ledger.read(task_id)
-                now = self._now()
-                w = startwatch.watch(view, w, now)
-                if w is None:
-                    self.watches.pop(key, None)
+                try:
+                    tr = self._requeue_if_due(key, w, deadline, failure)
+                except KeepsChanging:
+                    continue  # busy: the next check looks again
+                if key not in self.watches:  # it started (or left placed) meanwhile
                     self.failures.pop(key, None)
                     continue
-                self.watches[key] = w
-                tr = startwatch.decide(
-                    view, w, now, deadline, failure, self.placer.excluded(repo, task_id)
-                )
                 if tr is None:
-                    continue
-                try:
-                    ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
-                except (CasConflict, StaleEpoch):
                     continue
                 self.watches.pop(key, None)
                 self.failures.pop(key, None)
@@ -157,6 +148,24 @@ class PlacementDeadline:
         for key in [k for k in self.failures if k not in self.watches]:
             del self.failures[key]  # a report for a lease that is no longer placed
         return moved
+
+    def _requeue_if_due(
+        self, key: Key, w: startwatch.Watch, deadline: float, failure: Any
+    ) -> taskcore.Transition | None:
+        """The rule on a fresh read, appended by CAS (one helper with the API's writes)."""
+        repo, task_id = key
+
+        def decide(view: taskcore.TaskView) -> taskcore.Transition | None:
+            now = self._now()
+            cur = startwatch.watch(view, w, now)
+            if cur is None:
+                self.watches.pop(key, None)
+                return None
+            self.watches[key] = cur
+            excluded = self.placer.excluded(repo, task_id)
+            return startwatch.decide(view, cur, now, deadline, failure, excluded)
+
+        return decide_and_append(self.repos.ledger(repo), task_id, decide)[1]
 
 
 def failure_of(v: Any) -> tuple[Key, startwatch.StartFailure] | None:

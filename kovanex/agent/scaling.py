@@ -172,6 +172,18 @@ class ScalingService:
         )
         return {"applied": result["exit"] == 0, "input": payload, "executor": result}
 
+    async def stop(self, timeout: float = 10.0) -> None:
+        """The shipped executor's runners stop with this agent (ADR 0035): none outlives
+        the node that started it. A configured executor owns its own runners' lives."""
+        if self.policy.executor.strip():
+            return
+        from kovanex import scale_executor
+
+        scaled = self.ctx.layout.root / "scaled"
+        gone = await asyncio.to_thread(scale_executor.stop_all, scaled, timeout)
+        if gone:
+            log.info("stopped the runner agents this node started: %s", ", ".join(gone))
+
     def local_context(self) -> dict[str, Any]:
         """What an executor needs to add a runner here. Paths only: never a secret."""
         cfg, layout = self.ctx.cfg, self.ctx.layout

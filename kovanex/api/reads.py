@@ -16,6 +16,7 @@ from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core.graph import ClusterGraph
 from kovanex.gitstate.refs import task_ref, valid_task_id
 from kovanex.runner import units as unitsmod
+from kovanex.taskview import describe, task_row
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -45,19 +46,6 @@ def node(agent: Agent, name: str) -> dict[str, Any]:
     raise ApiError(404, f"no member named {name!r}; see ListNodes", "path.name")
 
 
-def task_row(repo: str, task_id: str, view: Any) -> dict[str, Any]:
-    return {
-        "id": task_id,
-        "repo": repo,
-        "state": view.state,
-        "node": view.node,
-        "epoch": view.epoch,
-        "reason": view.reason or "",
-        "attempt": view.attempt,
-        "tip": view.tip,
-    }
-
-
 def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
     """The ledger holding task_id, or a 404 that says what is missing."""
     if repo not in agent.repos.all():
@@ -69,8 +57,6 @@ def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
 
 
 def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
-    from kovanex.cli.taskcmd import describe
-
     led = ledger_of(agent, repo, task_id)
     d = describe(repo, led, task_id)
     d["reason"] = d.get("reason") or ""

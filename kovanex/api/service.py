@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kovanex.api import logs, promotions, reads, writes
+from kovanex.api import agentself, logs, promotions, reads, writes
 from kovanex.api.events import EventHub, TaskWatch, member_topic
 from kovanex.api.forward import Forwarder
 from kovanex.api.router import ApiRouter
@@ -37,6 +37,7 @@ class ApiService:
                 **writes.handlers(agent),
                 **promotions.handlers(agent),
                 **logs.handlers(agent),
+                **agentself.handlers(agent),
             },
             forward=Forwarder(agent),
             metrics=self._metrics,

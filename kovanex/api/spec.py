@@ -136,6 +136,7 @@ SCHEMAS: dict[str, Any] = {
         {"repo": S, "id": S, "message": S, "by": S}, ("repo", "id", "message", "by")
     ),
     "Replication": obj({"repo": S, "owner": NULLABLE_S, "level": S}, ("repo",)),
+    "Keyring": obj({"keys": arr(S), "primary": NULLABLE_S}, ("keys", "primary")),
 }
 
 REPO_Q = {"repo": {"type": "string", "pattern": ID}}
@@ -144,6 +145,7 @@ PROMO = "/v1/promotions/{env}/{version}"
 ENV = "/v1/environments/{env}"
 INDEX_Q = {"index": I0, "wait": {"type": "string", "pattern": WAIT}}
 TASK = "/v1/tasks/{repo}/{task}"
+KEY_B = obj({"key": {"type": "string", "minLength": 1, "maxLength": 100}}, ("key",), extra=False)
 # fmt: off
 OPS: tuple[Op, ...] = (
     # -- membership ----------------------------------------------------------------------
@@ -289,6 +291,9 @@ OPS: tuple[Op, ...] = (
        response=obj({"token": S, "record": ref("Token")}, ("token", "record")), status=201),
     Op("RevokeToken", "DELETE", "/v1/tokens/{name}", "admin", "Revoke a token, for good",
        "tokens", response=ref("Token")),
+    Op("PublishTokens", "POST", "/v1/tokens/publish", "admin",
+       "Gossip this node's token records now (`kovanex token` edited the file)", "tokens",
+       response=obj({"published": I0}, ("published",))),
     # -- compute units -------------------------------------------------------------------
     Op("ListUnits", "GET", "/v1/units", "read", "This node's compute units and their tasks",
        "units", response=obj({"mode": S, "isolation": S, "units": arr(ref("Unit"))},
@@ -307,6 +312,41 @@ OPS: tuple[Op, ...] = (
        "Stand the unit's run down and kill what is left in it", "units",
        response=obj({"index": I0, "stood_down": NULLABLE_S, "killed": I0},
                     ("index", "killed"))),
+    # -- this agent (Nomad's /v1/agent/...): what the CLI asks its own node --------------
+    Op("GetAgentSelf", "GET", "/v1/agent/self", "read",
+       "This agent: node, pid, uptime, runners, runs, gossip security, coordination "
+       "(answers before a NATS quorum and says it is waiting)", "agent",
+       response=obj({"node": S, "pid": I0, "uptime_s": NUM, "runners": ANY_OBJ,
+                     "running": arr(S), "pending": arr(S), "coordination": ANY_OBJ},
+                    ("node", "pid", "runners", "running", "pending"))),
+    Op("ReloadAgent", "POST", "/v1/agent/reload", "admin",
+       "Re-read kovanex.toml (modules, labels) and gossip the change", "agent",
+       response=obj({"reloaded": B}, ("reloaded",))),
+    Op("ListGossipKeys", "GET", "/v1/agent/keyring", "admin",
+       "The gossip keyring: every installed key, the primary first", "agent",
+       response=ref("Keyring")),
+    Op("InstallGossipKey", "POST", "/v1/agent/keyring/install", "admin",
+       "Install a gossip key (decrypting with it; still encrypting with the primary)",
+       "agent", body=KEY_B, response=ref("Keyring")),
+    Op("UseGossipKey", "POST", "/v1/agent/keyring/use", "admin",
+       "Make an installed key the primary (it encrypts from now on)", "agent",
+       body=KEY_B, response=ref("Keyring")),
+    Op("RemoveGossipKey", "POST", "/v1/agent/keyring/remove", "admin",
+       "Remove a key that is not the primary", "agent", body=KEY_B, response=ref("Keyring")),
+    Op("GetClusterStatus", "GET", "/v1/cluster/status", "read",
+       "Leader, term, quorum and each node's view, whatever the coordination backend",
+       "membership", response=obj({"cluster_size": I0, "leader": NULLABLE_S, "term": I0,
+                                   "status": S, "nodes": arr(ANY_OBJ)},
+                                  ("cluster_size", "leader", "term", "status", "nodes"))),
+    Op("ListClusterEvents", "GET", "/v1/cluster/events", "read",
+       "This node's record of member events after `since` (what `kovanex monitor` shows)",
+       "membership", query={"since": I0},
+       response=obj({"events": arr(ANY_OBJ), "seq": I0}, ("events", "seq"))),
+    Op("AdoptRepo", "POST", "/v1/agent/repos", "admin",
+       "Serve a repo just made in this node's data dir (kovanex repo create): watch it, "
+       "claim and announce it", "agent",
+       body=obj({"name": {"type": "string", "pattern": ID}}, ("name",), extra=False),
+       response=obj({"url": S}, ("url",))),
 )
 # fmt: on
 

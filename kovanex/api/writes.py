@@ -19,8 +19,8 @@ from kovanex.agent.scaling import ApplyError
 from kovanex.api import reads
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core import task as taskcore
+from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.gitstate.refs import task_ref, valid_task_id
-from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.runner import units as unitsmod
 from kovanex.spec import SPEC_PATH
 from kovanex.tokens import TokenError, parse_duration
@@ -28,7 +28,6 @@ from kovanex.tokens import TokenError, parse_duration
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
 
-CAS_TRIES = 20
 GIT_TIMEOUT_S = 60.0
 
 
@@ -37,21 +36,16 @@ async def transition(
 ) -> dict[str, Any]:
     """Decide and append one transition; retried on a lost compare-and-swap."""
     led = reads.ledger_of(a, repo, task_id)
-    for _ in range(CAS_TRIES):
-        async with a.locks.of((repo, task_id)):
-            view = led.read(task_id)
-            try:
-                tr = decide(view)
-            except taskcore.IllegalTransition as e:
-                raise ApiError(409, str(e), code="illegal_transition") from e
-            try:
-                led.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
-            except (CasConflict, StaleEpoch):
-                continue
-            a.scheduler.after_write(repo, task_id)
-        a.dispatcher.changed(repo, task_id)
-        return reads.task_row(repo, task_id, led.read(task_id))
-    raise ApiError(409, f"task {task_id} keeps changing; try again", code="conflict")
+    async with a.locks.of((repo, task_id)):
+        try:
+            decide_and_append(led, task_id, decide)
+        except taskcore.IllegalTransition as e:
+            raise ApiError(409, str(e), code="illegal_transition") from e
+        except KeepsChanging as e:
+            raise ApiError(409, str(e), code="conflict") from e
+        a.scheduler.after_write(repo, task_id)
+    a.dispatcher.changed(repo, task_id)
+    return reads.task_row(repo, task_id, led.read(task_id))
 
 
 async def git(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> str:

@@ -1,5 +1,6 @@
 """`kovanex api OPERATION ['<json>']`: call any ClusterService operation directly; and
-`api_call`, how the other CLI verbs talk to a running agent through kovanex.client.
+`api_call`, how every other CLI verb talks to a running agent: kovanex.client over the
+node's HTTP listener, as the init user's admin token `local@<node>` (ADR 0035).
 
     kovanex api ListNodes
     kovanex api GetTask '{"repo": "app", "task": "build-1"}'
@@ -7,7 +8,7 @@
 
 Path parameters ride in the JSON too; what is left is the body. `--addr`/`--token` (or
 KOVANEX_ADDR/KOVANEX_TOKEN) talk to any node, with any token; by default the local node's
-agent, with its cluster secret.
+agent, with its local admin token.
 """
 
 from __future__ import annotations
@@ -25,17 +26,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("operation", help="an operationId: ListNodes, GetTask, CancelTask, ...")
     p.add_argument("json", nargs="?", default="", help="path parameters and body, as JSON")
     p.add_argument("--addr", help="http://host:port of any node (default: this node)")
-    p.add_argument("--token", help="a user token (default: this node's cluster secret)")
+    p.add_argument("--token", help="a user token (default: this node's local admin token)")
     p.add_argument("--index", type=int, help="a blocking read: wait for a change past INDEX")
     p.add_argument("--wait", default="60s", help="how long a blocking read waits (60s, 5m)")
     p.set_defaults(func=cmd_api)
 
 
-def client_for(layout: cfgmod.Layout, addr: str | None = None, token: str | None = None) -> Any:
-    from kovanex.client import Client
+class AgentDown(CliError):
+    """Nothing answers at the node's HTTP address: its agent is not running."""
+
+
+def local_token(layout: cfgmod.Layout) -> str | None:
+    """The CLI's credential for its own node: the init user's admin token `local@<node>`
+    (ADR 0011), else (a node made before it existed) the cluster secret, else none."""
+    try:
+        return layout.local_token_file.read_text().strip() or None
+    except OSError:
+        pass
+    try:
+        return cfgmod.read_token(layout)
+    except (cfgmod.ConfigError, OSError):
+        return None
+
+
+def client_for(
+    layout: cfgmod.Layout,
+    addr: str | None = None,
+    token: str | None = None,
+    timeout: float = 30.0,
+    from_env: bool = True,
+) -> Any:
+    from kovanex.client import Client, node_url
 
     try:
-        c = Client.for_node(layout) if addr is None else Client(addr, token)
+        url = node_url(layout) if addr is None else addr
+        tok = token or (local_token(layout) if addr is None else None)
+        c = Client(url, tok, timeout, from_env=from_env)
     except (cfgmod.ConfigError, OSError, ValueError) as e:
         raise CliError(f"{e}; pass --addr http://HOST:PORT of a node") from e
     if token:
@@ -50,22 +76,27 @@ def api_call(
     *,
     query: dict[str, Any] | None = None,
     token: str | None = None,
+    timeout: float = 30.0,
+    from_env: bool = True,
     **params: Any,
 ) -> Any:
-    """One operation on the local agent (as `token` when given, else the node's secret);
-    a refusal or an absent agent is a CliError."""
+    """One operation on the local agent over HTTP (as `token` when given, else the node's
+    local admin token; `from_env=False`: this node's, whatever KOVANEX_ADDR says); an absent
+    agent is AgentDown, a refusal a CliError."""
     from kovanex.client import ApiError
 
-    c = client_for(layout, None, token)
+    c = client_for(layout, None, token, timeout, from_env)
     try:
         return c.call(op_id, body, query=query, **params)
     except ApiError as e:
-        if e.status == 0:
-            raise CliError(
+        if e.status == 0 and isinstance(e.__cause__, ConnectionRefusedError):
+            raise AgentDown(
                 f"the agent is not running (nothing answers at {c.url}); "
                 f"start it with `kovanex agent --data {layout.root}`"
             ) from e
-        raise CliError(str(e)) from e
+        if e.status == 0:
+            raise CliError(f"the agent did not answer {op_id} ({e.message})") from e
+        raise CliError(e.message) from e  # the agent's own words, as the socket gave them
     finally:
         c.close()
 

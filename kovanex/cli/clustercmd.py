@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.agent import control
-from kovanex.cli.apicmd import api_call
+from kovanex.cli.apicmd import AgentDown, api_call
+from kovanex.cli.nodecmd import agent_pid
 from kovanex.cli.output import CliError, add_format, emit_json, table
 
 
@@ -62,7 +62,7 @@ def register_status(sub: argparse._SubParsersAction) -> None:
 def cmd_cluster_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     """The seed's shape (cluster_size, leader, term, quorum, status, nodes), whatever the
     backend; NATS's own view is under `backend`."""
-    st = _call(layout, "cluster.status")
+    st = api_call(layout, "GetClusterStatus")
     if args.format == "json":
         emit_json(st)
         return 0
@@ -75,13 +75,6 @@ def cmd_cluster_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     rows = [(n["id"], n["role"], str(n["term"]), n["last_heartbeat"] or "-") for n in st["nodes"]]
     print(table(rows, ["NODE", "ROLE", "TERM", "LAST HEARTBEAT"]))
     return 0
-
-
-def _call(layout: cfgmod.Layout, op: str, **args: Any) -> Any:
-    try:
-        return control.call(layout.control_socket, op, **args)
-    except control.ControlError as e:
-        raise CliError(str(e)) from e
 
 
 def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
@@ -124,8 +117,8 @@ def cmd_join(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def cmd_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     api_call(layout, "LeaveCluster")
     deadline = time.monotonic() + 15
-    while layout.control_socket.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while agent_pid(layout) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for another process to exit: nothing to wait on
     print("left the cluster; the agent has stopped")
     return 0
 
@@ -139,7 +132,7 @@ def cmd_force_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def cmd_monitor(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     seq, seen = args.since, 0
     while True:
-        res = _call(layout, "events", since=seq)
+        res = api_call(layout, "ListClusterEvents", query={"since": seq})
         for e in res["events"]:
             seq = max(seq, e["seq"])
             seen += 1
@@ -170,11 +163,11 @@ def cmd_keys(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         else "list"
     )
     key = getattr(args, action, None) if action != "list" else None
+    op = {"list": "ListGossipKeys", "install": "InstallGossipKey", "use": "UseGossipKey",
+          "remove": "RemoveGossipKey"}[action]  # fmt: skip
     try:
-        res = control.call(layout.control_socket, "keys", action=action, key=key)
-    except control.ControlError as e:
-        if "not running" not in str(e):
-            raise CliError(str(e)) from e
+        res = api_call(layout, op, None if key is None else {"key": key})
+    except AgentDown:
         res = _offline_keys(layout, action, key)
     if args.format == "json":
         emit_json(res)

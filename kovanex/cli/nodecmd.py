@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from kovanex import config as cfgmod
-from kovanex.agent import control
+from kovanex.cli.apicmd import api_call
 from kovanex.cli.output import CliError, add_format, emit_json
 from kovanex.coordcfg import CoordinationConfig
 
@@ -293,21 +293,18 @@ def _detach(layout: cfgmod.Layout, args: argparse.Namespace) -> int:
         if proc.poll() is not None:
             raise CliError(f"the agent exited with {proc.returncode}; see {layout.agent_log}")
         try:
-            control.call(layout.control_socket, "ping", timeout=1)
-            if layout.hook_endpoint.exists():
+            me = api_call(layout, "GetAgentSelf", timeout=1, from_env=False)  # the one we started
+            if me["pid"] == proc.pid and layout.hook_endpoint.exists():
                 print(f"agent started (pid {proc.pid}); log: {layout.agent_log}")
                 return 0
-        except (control.ControlError, OSError):
+        except CliError:
             pass
-        time.sleep(0.05)
+        time.sleep(0.05)  # polling a process we started, with a deadline
     raise CliError(f"the agent did not become ready in 30 s; see {layout.agent_log}")
 
 
 def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    try:
-        st = control.call(layout.control_socket, "status")
-    except control.ControlError as e:
-        raise CliError(str(e)) from e
+    st = api_call(layout, "GetAgentSelf", timeout=10)
     if args.format == "json":
         emit_json(st)
         return 0

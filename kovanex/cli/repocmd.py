@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex import paths
+from kovanex.cli.apicmd import AgentDown, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.gitstate import gitcli
 
@@ -80,11 +81,11 @@ def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     path = create_repo(layout, args.name, owner=cfg.name)
     print(f"created repo {args.name} with Kovanex hooks at {path}")
     try:
-        from kovanex.agent import control
-
-        control.call(layout.control_socket, "repo.created", name=args.name, timeout=5)
-    except Exception:  # noqa: BLE001 - the agent adopts new repos when it starts
+        api_call(layout, "AdoptRepo", {"name": args.name}, timeout=5)
+    except AgentDown:  # the agent adopts new repos when it starts
         print("note: the agent is not running; start it to serve this repo over HTTP")
+    except CliError as e:
+        print(f"note: the agent did not adopt it now ({e}); it does when it restarts")
     print("no secret in the URL: git asks `kovanex credential` on this machine; anyone else")
     print("needs a token (kovanex token create NAME). Clone URL (the local path works too):")
     print(f"{cfgmod.http_url(cfg)}/git/{args.name}.git")
@@ -115,19 +116,9 @@ def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     return 0
 
 
-def _agent(layout: cfgmod.Layout, op: str, **args):
-    from kovanex.agent import control
-
-    try:
-        return control.call(layout.control_socket, op, timeout=30, **args)
-    except control.ControlError as e:
-        raise CliError(str(e)) from e
-
-
 def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    res = _agent(
-        layout, "repo.replication", name=args.name, level=args.level, replicas=args.replicas
-    )
+    res = api_call(layout, "SetReplicationLevel", {"level": args.level,
+                   "replicas": args.replicas}, repo=args.name)  # fmt: skip
     reps = ", ".join(res["replicas"]) or "none yet"
     print(
         f"{args.name}: {res['level']} replication, {res['replicas_wanted']} replica(s) wanted "
@@ -137,7 +128,10 @@ def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    st = _agent(layout, "repo.status", name=args.name)
+    st = api_call(layout, "GetReplicationStatus", repo=args.name)
+    st.pop("repo", None)
+    if st.get("owner") is None:  # known here, but no ownership record yet
+        st = {}
     if args.format == "json":
         emit_json(st)
         return 0

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.agent import control
-from kovanex.cli.output import CliError, add_format, emit_json, table
+from kovanex.cli.apicmd import api_call
+from kovanex.cli.output import add_format, emit_json, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,15 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.set_defaults(func=cmd_apply)
 
 
-def _call(layout: cfgmod.Layout, op: str, timeout: float = 10.0, **args: Any) -> Any:
-    try:
-        return control.call(layout.control_socket, op, timeout=timeout, **args)
-    except control.ControlError as e:
-        raise CliError(str(e)) from e
-
-
 def cmd_decision(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    d = _call(layout, "scale.decision")
+    d = api_call(layout, "GetScaleDecision", timeout=10)
     if args.format == "json":
         emit_json(d)
         return 0
@@ -53,7 +46,7 @@ def cmd_apply(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         body["dry_run"] = True
     # the executor may start agents: allow its own timeout and a margin
     timeout = cfgmod.load(layout).scaling.executor_timeout_s + 10
-    res = _call(layout, "scale.apply", timeout=timeout, **body)
+    res = api_call(layout, "ApplyScaleAction", body, timeout=timeout)
     if args.format == "json":
         emit_json(res)
         return 0 if res["applied"] or "reason" in res else 1

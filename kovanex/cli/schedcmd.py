@@ -11,7 +11,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modmod
-from kovanex.agent import control
+from kovanex.cli.apicmd import AgentDown, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core.graph import ClusterGraph
 
@@ -47,11 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = msub.add_parser("remove", help="unregister a module")
     r.add_argument("name")
     r.set_defaults(func=cmd_module_remove)
-
-
-def agent_down(e: control.ControlError) -> bool:
-    """True when no agent listens (as opposed to an agent that refused the request)."""
-    return isinstance(e.__cause__, FileNotFoundError | ConnectionRefusedError)
 
 
 # -- health ----------------------------------------------------------------------------
@@ -118,13 +113,9 @@ def render_matrix(name: str, entry: Mapping[str, Any]) -> str:
 def cmd_health(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     source = "agent"
     try:
-        res = control.call(layout.control_socket, "health")
-    except (control.ControlError, OSError) as e:
-        why = (
-            "the agent is not running"
-            if isinstance(e, control.ControlError) and agent_down(e)
-            else f"the agent did not answer `health` ({e})"
-        )
+        res = api_call(layout, "GetHealthMatrix")
+    except CliError as e:
+        why = "the agent is not running" if isinstance(e, AgentDown) else f"{e}"
         print(f"kovanex: {why}; sampled this node locally once", file=sys.stderr)
         res = local_health(layout)
         source = "local"
@@ -149,8 +140,8 @@ def cmd_health(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 # -- graph -----------------------------------------------------------------------------
 def cmd_graph(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     try:
-        members = control.call(layout.control_socket, "members")
-    except control.ControlError as e:
+        members = api_call(layout, "ListNodes")["nodes"]
+    except CliError as e:
         raise CliError(f"{e} (the cluster graph comes from the live agent's gossip)") from e
     graph = ClusterGraph.from_members(members)
     if args.format == "json":
@@ -166,18 +157,15 @@ def cmd_graph(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def _reload(layout: cfgmod.Layout) -> None:
     """Tell a running agent to re-read kovanex.toml; the file already holds the change."""
     try:
-        control.call(layout.control_socket, "reload")
+        api_call(layout, "ReloadAgent")
         print("agent reloaded kovanex.toml")
-    except control.ControlError as e:
-        if agent_down(e):
-            print("the agent is not running; it reads kovanex.toml when it starts")
-        else:
-            print(
-                f"kovanex: the agent did not reload ({e}); restart it to apply the change",
-                file=sys.stderr,
-            )
-    except OSError as e:
-        print(f"kovanex: the agent did not answer reload ({e}); restart it", file=sys.stderr)
+    except AgentDown:
+        print("the agent is not running; it reads kovanex.toml when it starts")
+    except CliError as e:
+        print(
+            f"kovanex: the agent did not reload ({e}); restart it to apply the change",
+            file=sys.stderr,
+        )
 
 
 def cmd_module_register(args: argparse.Namespace, layout: cfgmod.Layout) -> int:

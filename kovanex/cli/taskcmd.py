@@ -15,6 +15,7 @@ from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core import task as taskcore
 from kovanex.gitstate.refs import archive_ref, task_ref
 from kovanex.paths import templates_dir
+from kovanex.taskview import describe
 
 if TYPE_CHECKING:
     from kovanex.gitstate.ledger import TaskLedger
@@ -127,70 +128,6 @@ def find_task(
         names = ", ".join(h[0] for h in hits)
         raise CliError(f"task {task_id} exists in several repos ({names}); pass --repo NAME")
     return hits[0]
-
-
-def describe(repo: str, led: TaskLedger, task_id: str) -> dict[str, Any]:
-    from kovanex import spec as specmod
-
-    view = led.read(task_id)
-    data = led.spec_bytes(task_id)
-    names: list[str] = []
-    try:
-        spec = specmod.load_spec(data or b"", specmod.SPEC_PATH)
-        names = [s.name for s in spec.steps]
-    except specmod.SpecError:
-        spec = None
-    results: dict[int, dict[str, Any]] = {}
-    placements = []
-    reconciled = []  # merges after a partition healed (ADR 0028): which sides, which tips
-    for oid, tr, _subject in reversed(led.history(task_id)):
-        if tr is None:
-            results.clear()
-            placements.clear()
-            continue
-        if "Reconciled" in tr.extra:
-            reconciled.append({"commit": oid, "sides": tr.extra["Reconciled"]})
-        if tr.state == taskcore.PLACED:
-            placements.append({"node": tr.node, "epoch": tr.epoch, "commit": oid, **tr.extra})
-        if tr.step is not None:
-            results[tr.step] = {
-                "result": tr.result,
-                "exit_code": tr.exit_code,
-                "commit": oid,
-                "node": tr.node,
-                "epoch": tr.epoch,
-            }
-    steps = []
-    for i, name in enumerate(names):
-        r = results.get(i, {})
-        state = r.get("result") or "pending"
-        if i in view.steps_ok:
-            state = "ok"
-        elif not r and view.state == taskcore.RUNNING and i == taskcore.next_step(view, len(names)):
-            state = "running"
-        steps.append(
-            {
-                "index": i + 1,
-                "name": name,
-                "state": state,
-                **{k: v for k, v in r.items() if k != "result"},
-            }
-        )
-    return {
-        "id": task_id,
-        "repo": repo,
-        "state": view.state,
-        "node": view.node,
-        "epoch": view.epoch,
-        "attempt": view.attempt,
-        "reason": view.reason,
-        "tip": view.tip,
-        "archived": led.ref_of is not task_ref,
-        "kind": spec.kind if spec else None,
-        "steps": steps,
-        "placements": placements,
-        "reconciled": reconciled,
-    }
 
 
 def cmd_show(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
@@ -364,21 +301,15 @@ def cmd_retry(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def _transition(led: TaskLedger, task_id: str, decide: Any, what: str) -> int:
-    from kovanex.gitstate.store import CasConflict, StaleEpoch
+    from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 
-    for _ in range(20):
-        view = led.read(task_id)
-        try:
-            tr = decide(view)
-        except taskcore.IllegalTransition as e:
-            raise CliError(str(e)) from e
-        try:
-            led.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
-        except (CasConflict, StaleEpoch):
-            continue  # the task moved while we decided: re-read and decide again
-        print(f"task {task_id} {what} (epoch {tr.epoch})")
-        return 0
-    raise CliError(f"task {task_id} keeps changing; try again")
+    try:
+        _, tr = decide_and_append(led, task_id, decide)
+    except (taskcore.IllegalTransition, KeepsChanging) as e:
+        raise CliError(str(e)) from e
+    assert tr is not None
+    print(f"task {task_id} {what} (epoch {tr.epoch})")
+    return 0
 
 
 def cmd_wait(args: argparse.Namespace, layout: cfgmod.Layout) -> int:

@@ -43,15 +43,18 @@ def _book(layout: cfgmod.Layout) -> TokenBook:
 
 def _tell_agent(layout: cfgmod.Layout) -> None:
     """The file is the truth and the agent re-reads it; this only spreads it at once."""
-    from kovanex.agent import control
+    from kovanex.cli.apicmd import AgentDown, api_call
 
     try:
-        control.call(layout.control_socket, "tokens.changed", timeout=5)
-    except Exception:  # noqa: BLE001 - agent down: it publishes the file when it starts
+        api_call(layout, "PublishTokens", timeout=5)
+    except AgentDown:  # it publishes the file when it starts
         print(
             "note: the agent is not running; other nodes learn of this when it starts",
             file=sys.stderr,
         )
+    except CliError as e:  # e.g. the token just revoked was the one we ask with
+        print(f"note: the agent did not spread this now ({e}); it does on restart",
+              file=sys.stderr)  # fmt: skip
 
 
 def cmd_create(args: argparse.Namespace, layout: cfgmod.Layout) -> int:

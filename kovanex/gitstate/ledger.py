@@ -225,3 +225,33 @@ class TaskLedger:
     def list_tasks(self) -> list[str]:
         ids = (task_id_of(r) for r in self.store.refs(TASK_PREFIX))
         return sorted(i for i in ids if i is not None)
+
+
+CAS_TRIES = 20
+
+
+class KeepsChanging(Exception):
+    """`decide_and_append` lost every compare-and-swap it tried: the task is busy."""
+
+
+def decide_and_append(
+    led: TaskLedger,
+    task_id: str,
+    decide: Callable[[TaskView], Transition | None],
+    tries: int = CAS_TRIES,
+) -> tuple[TaskView, Transition | None]:
+    """Read, decide, append on the tip decided on; on a lost CAS or a stale epoch re-read
+    and decide again (the rule above: never retry a write blindly). Returns the view the
+    decision was made on and the transition written, or None when `decide` wrote nothing.
+    What `decide` raises (an illegal transition) is the caller's."""
+    for _ in range(tries):
+        view = led.read(task_id)
+        tr = decide(view)
+        if tr is None:
+            return view, None
+        try:
+            led.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+        except (CasConflict, StaleEpoch):
+            continue  # the task moved while we decided
+        return view, tr
+    raise KeepsChanging(f"task {task_id} keeps changing; try again")

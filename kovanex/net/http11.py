@@ -181,7 +181,8 @@ class Exchange:
         await self._send(h11.EndOfMessage())
 
     async def respond(self, resp: HttpResponse, *, head_only: bool = False) -> None:
-        """A whole response: a fixed body gets Content-Length, a stream goes chunked."""
+        """A whole response: a fixed body gets Content-Length, a stream goes chunked; for
+        HEAD (`head_only`) the same headers and no body, whatever the route returned."""
         headers = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-length"]
         if isinstance(resp.body, bytes):
             headers.append(("Content-Length", str(len(resp.body))))
@@ -190,8 +191,13 @@ class Exchange:
                 await self.send_data(resp.body)
         else:
             await self.start_response(resp.status, headers)
-            async for chunk in resp.body:
-                await self.send_data(chunk)
+            if head_only:  # RFC 9110 9.3.2: headers only; the stream is never started
+                aclose = getattr(resp.body, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            else:
+                async for chunk in resp.body:
+                    await self.send_data(chunk)
         await self.end_response()
 
     async def error(self, status: int, message: str, field_name: str | None = None) -> None:
