@@ -123,6 +123,16 @@ def test_the_leader_grants_a_dead_owners_consistent_repo_and_re_places_its_task(
             60,
             "a replica with the running task",
         )
+        # the leader decides bank only once every survivor has heard from the owner that
+        # it holds consistent work (gossip topic "consistent"); before that, a replica
+        # takes it over by the gossip rule. Killing the owner earlier tests that gap.
+        wait_for(
+            lambda: all(
+                "bank" in client(n).call("SyncState")["topics"].get("consistent", {}) for n in rest
+            ),
+            30,
+            "every survivor knows bank holds consistent work",
+        )
         for n in rest:  # uncordon, through the leader again
             client(n).call("CordonNode", {"enable": False}, name=n.name)
         pid = owner.proc.pid

@@ -21,7 +21,7 @@ from kovanex.taskview import describe, task_row
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
 
-GOSSIP_TOPICS = ("health", "repos", "assign", "refs")
+GOSSIP_TOPICS = ("health", "repos", "assign", "refs", "consistent", "grant", "resched")
 
 
 async def control(agent: Agent, op: str, **args: Any) -> Any:
