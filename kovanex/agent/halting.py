@@ -46,12 +46,14 @@ class ConsistentWork:
     def consistent(self, spec: specmod.TaskSpec) -> bool:
         return (spec.failover or self.ctx.cfg.coordination.failover_default) == CONSISTENT
 
-    def grant(self, spec: specmod.TaskSpec) -> dict[str, str] | None:
-        """The scheduler's gate: nothing consistent is placed without a quorum, and its
-        placement carries the leader term (`Kovanex-Term`) the hooks and store fence on."""
+    def grant(self, spec: specmod.TaskSpec, repo: str) -> dict[str, str] | None:
+        """The scheduler's gate: nothing consistent is placed without a quorum (and, after
+        a heal, a state sync: core/rejoin.py), nor in a repo this node no longer owns (a
+        demotion the sync brought), and its placement carries the leader term
+        (`Kovanex-Term`) the hooks and store fence on."""
         if not self.consistent(spec):
             return {}
-        if not self.coord.can_place():
+        if not self.coord.can_place() or repo not in self.repos.owned():
             return None
         return {"Term": str(self.coord.summary()["term"])}
 

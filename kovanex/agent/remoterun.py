@@ -84,6 +84,18 @@ class RemoteRuns:
         if (value["repo"], value["task"]) not in self.runs.runs:
             asyncio.get_running_loop().create_task(self._start(value))
 
+    def recheck(self) -> None:
+        """Deliver again the assignments to us that are not running: one that came while our
+        owner records were stale (back from a partition, before the state sync) was read
+        from the wrong owner and dropped, and the owner would wait for its deadline."""
+        for value in self.gossip.items(ASSIGN).values():
+            if not isinstance(value, dict) or value.get("node") != self.ctx.name:
+                continue
+            key = (str(value.get("repo")), str(value.get("task")))
+            if key not in self.runs.runs and key not in self._watched:
+                self.assignments[key[0]] = value["url"]
+                asyncio.get_running_loop().create_task(self._start(value))
+
     async def _start(self, a: dict[str, Any]) -> None:
         repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
         key = (repo, task_id)

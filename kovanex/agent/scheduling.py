@@ -85,7 +85,7 @@ class TaskScheduler:
         self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
         self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
         # the quorum gate: None waits; else trailers the placement carries (the term)
-        self.grant: Callable[[Any], dict[str, str] | None] = lambda spec: {}
+        self.grant: Callable[[Any, str], dict[str, str] | None] = lambda spec, repo: {}
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -244,7 +244,7 @@ class TaskScheduler:
                 self._execute(repo, self.core.decide(repo, view, bad, slot_free=False))
                 self.core.pending.pop(key, None)  # only a new push can change that
                 return
-            grant = self.grant(spec)
+            grant = self.grant(spec, repo)
             if grant is None:
                 return  # absolute_consistency without a quorum: it waits queued (issue 12)
             decision = asked[1] if asked else self.placer.decide(repo, task_id, spec)
