@@ -93,6 +93,7 @@ class RemoteRuns:
                 continue
             key = (str(value.get("repo")), str(value.get("task")))
             if key not in self.runs.runs and key not in self._watched:
+                log.info("%s/%s: assignment delivered again after the state sync", *key)
                 self.assignments[key[0]] = value["url"]
                 asyncio.get_running_loop().create_task(self._start(value))
 

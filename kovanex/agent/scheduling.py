@@ -32,7 +32,7 @@ from kovanex.core.effects import (
     WriteRef,
 )
 from kovanex.gitstate import archive
-from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
+from kovanex.gitstate.ledger import Lease, NoSuchTask, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
@@ -229,7 +229,11 @@ class TaskScheduler:
         asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
         async with self.locks.of(key):
             ledger = self.repos.ledger(repo)
-            view = ledger.read(task_id)
+            try:
+                view = ledger.read(task_id)
+            except NoSuchTask:  # its branch moved to lost/ (we were deposed): not ours
+                self.core.pending.pop(key, None)
+                return
             if view.state not in scheduler.WAITING:
                 self.core.pending.pop(key, None)
                 return
