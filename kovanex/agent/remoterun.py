@@ -83,6 +83,9 @@ class RemoteRuns:
         self.assignments[value["repo"]] = value["url"]
         if (value["repo"], value["task"]) not in self.runs.runs:
             asyncio.get_running_loop().create_task(self._start(value))
+        else:
+            log.info("%s/%s: assigned at epoch %s while a run of it is here", repo, task_id,
+                     value.get("epoch"))  # fmt: skip
 
     def recheck(self) -> None:
         """Deliver again the assignments to us that are not running: one that came while our
@@ -140,13 +143,21 @@ class RemoteRuns:
             log.warning("%s/%s: cannot prepare a cache repo: %s", repo, task_id, e)
             self.deadline.report(repo, task_id, epoch, f"could not prepare: {e}")
             return
-        try:  # network: before the lock
-            view = await asyncio.to_thread(remote.read, task_id)
-        except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
-            log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
-            self.deadline.report(repo, task_id, epoch, fetch_failure(e))
-            return
+        view = None
+        for delay in (0.2, 0.5, 0.0):  # a concurrent fetch into the cache fails one: retry
+            try:  # network: before the lock
+                view = await asyncio.to_thread(remote.read, task_id)
+                break
+            except Exception as e:  # noqa: BLE001 - owner unreachable: handled there
+                log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
+                if not delay:
+                    self.deadline.report(repo, task_id, epoch, fetch_failure(e))
+                    return
+                await asyncio.sleep(delay)
+        assert view is not None
         if view.node != self.ctx.name or view.epoch != epoch:
+            log.info("%s/%s: assignment at epoch %d is stale (%s@%d on %s)", repo, task_id,
+                     epoch, view.node, view.epoch, self.owner_desc(repo))  # fmt: skip
             return
         if view.state == taskcore.RUNNING:
             # we held this lease before a restart: hand it back under a new epoch
