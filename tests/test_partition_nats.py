@@ -138,8 +138,8 @@ class Cluster:
     # across the whole run: the heal checks find each one on a branch of the owner
     acked: dict[str, set[str]] = field(default_factory=dict)
     done: list[tuple[str, str]] = field(default_factory=list)  # (repo, task) that finish
-    # (old owner, repo, tasks pinned to it) where a heal deposed the owner: after such a
-    # heal the known bug below bites those tasks, so the xfail test checks them
+    # (old owner, repo, tasks pinned to it) where a heal deposed the owner: the last test
+    # checks it placed none of them again and that they finish under the new owner
     deposed: list[tuple[NsNode, str, tuple[str, ...]]] = field(default_factory=list)
 
 
@@ -469,16 +469,6 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
     healed(c)
 
 
-@pytest.mark.xfail(
-    reason="agent bug (issue 12 part 2, not in main yet: the leader granting ownership of "
-    "repos with absolute_consistency tasks): right after a heal a deposed owner regains its "
-    "NATS quorum before gossip tells it of the takeover (owner records reach it at the next "
-    "push-pull), so it places consistent work again under its stale ownership (a grant the "
-    "survivor never sees: it ends under lost/), and it ignores the survivor's placements "
-    "on it until the placement deadline excludes it, leaving tasks pinned there "
-    "unschedulable",
-    strict=False,
-)
 def test_a_deposed_owner_places_no_consistent_work_and_its_tasks_finish(
     cluster: Cluster,
 ) -> None:

@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from kovanex import config as cfgmod
@@ -26,6 +26,7 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.natsserver import NatsServer
 from kovanex.coordcfg import ENABLE_HINT
 from kovanex.core import leader as core
+from kovanex.core import rejoin
 from kovanex.core.effects import SetTimer
 
 log = logging.getLogger("kovanex.coordination")
@@ -148,6 +149,10 @@ class NatsCoordination:
         self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
         self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
         self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        # the ready rule after a heal (core/rejoin.py): a state sync -> (replied, known)
+        self.gate = rejoin.Gate()
+        self.sync: Callable[[], Awaitable[tuple[int, int]]] = _lone
+        self.on_ready: Callable[[], None] = lambda: None
 
     # -- lifecycle ---------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -274,6 +279,25 @@ class NatsCoordination:
         self.state, effects = core.decide(self.state, ev, now)
         for e in effects:
             self._execute(e, now)
+        self.gate, go = rejoin.step(self.gate, core.has_quorum(self.state, now), now)
+        if go:
+            self.tasks.append(asyncio.create_task(self._resync(now)))
+
+    async def _resync(self, asked: float) -> None:
+        """Quorum back: sync gossip state before placing consistent work (core/rejoin.py)."""
+        self.tasks = [t for t in self.tasks if not t.done()]
+        try:
+            replied, known = await self.sync()
+        except Exception as e:  # noqa: BLE001 - counts as no answer; asked again
+            log.warning("state sync failed: %s", e)
+            replied, known = 0, 2
+        was = self.gate
+        self.gate = rejoin.synced(self.gate, asked, replied, known)
+        if was.lost and not self.gate.lost:
+            log.info("state synced with %d of %d members: consistent work may be placed",
+                     replied, known - 1)  # fmt: skip
+            self.on_ready()
+        self.wake.set()
 
     def _execute(self, e: Any, now: float) -> None:
         if isinstance(e, SetTimer):
@@ -358,7 +382,9 @@ class NatsCoordination:
         return round(self.ctx.clock.time(), 3)
 
     def can_place(self) -> bool:
-        return core.can_place(self.state, self.ctx.clock.monotonic())
+        now = self.ctx.clock.monotonic()
+        synced = rejoin.ready(self.gate, core.has_quorum(self.state, now))
+        return synced and core.can_place(self.state, now)
 
     def leads(self) -> bool:
         """We hold an unexpired lease: the single-decider decisions are ours (ADR 0036)."""
@@ -425,6 +451,10 @@ class NatsCoordination:
             "nodes": rows,
             "backend": backend,
         }
+
+
+async def _lone() -> tuple[int, int]:
+    return 0, 1  # not wired (a lone node): nothing to sync with
 
 
 def make(ctx: NodeContext, members: Members) -> Coordination:

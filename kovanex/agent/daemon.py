@@ -188,12 +188,21 @@ class Agent:
             )
             self.coord.on_halt = self.consistent.halt
             self.coord.on_resume = self.consistent.resume
+            self.coord.sync = self.leader.resync
+            self.coord.on_ready = self._synced
+            self.consistent.hand_back = self.remote.hand_back
             self.coord.record = self.cluster.record
             self.replicas.ownership.leader_decides = self.leader.decides_repo
             self.failover.leader_decides = self.leader.decides_task
             self.leader.requeued = self._requeued
 
     # -- wiring helpers ----------------------------------------------------------------
+    def _synced(self) -> None:
+        """State synced after a quorum loss (core/rejoin.py): place what waited, and start
+        what an owner assigned us while our owner records were stale."""
+        self.consistent.synced()
+        self.remote.recheck()
+
     def http_url(self) -> str:
         return self.http.url if self.http.port else ""
 

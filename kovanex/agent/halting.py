@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
@@ -42,16 +42,21 @@ class ConsistentWork:
         self.runs = runs
         self.locks = locks
         self.kick: Callable[[], None] = lambda: None  # wired: a placement pass
+        # wired: RemoteRuns.hand_back(repo, task, epoch, why)
+        self.hand_back: Callable[[str, str, int, str], Awaitable[bool]] = _no_hand_back
+        self.halted_owned: dict[tuple[str, str], int] = {}  # halted as owner -> its epoch
 
     def consistent(self, spec: specmod.TaskSpec) -> bool:
         return (spec.failover or self.ctx.cfg.coordination.failover_default) == CONSISTENT
 
-    def grant(self, spec: specmod.TaskSpec) -> dict[str, str] | None:
-        """The scheduler's gate: nothing consistent is placed without a quorum, and its
-        placement carries the leader term (`Kovanex-Term`) the hooks and store fence on."""
+    def grant(self, spec: specmod.TaskSpec, repo: str) -> dict[str, str] | None:
+        """The scheduler's gate: nothing consistent is placed without a quorum (and, after
+        a heal, a state sync: core/rejoin.py), nor in a repo this node no longer owns (a
+        demotion the sync brought), and its placement carries the leader term
+        (`Kovanex-Term`) the hooks and store fence on."""
         if not self.consistent(spec):
             return {}
-        if not self.coord.can_place():
+        if not self.coord.can_place() or repo not in self.repos.owned():
             return None
         return {"Term": str(self.coord.summary()["term"])}
 
@@ -90,6 +95,7 @@ class ConsistentWork:
             view = ledger.read(task_id)
             if view.state not in HELD:
                 return
+            self.halted_owned[key] = view.epoch
             tr = taskcore.requeue(view, f"halted: {why}")
             try:
                 ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
@@ -97,6 +103,21 @@ class ConsistentWork:
                 return
         log.warning("%s/%s halted: %s", repo, task_id, why)
 
+    def synced(self) -> None:
+        """After the heal's state sync: a task we halted as its owner, in a repo taken over
+        meanwhile, still reads as held by us on the new owner; hand it back there."""
+        owned = set(self.repos.owned())
+        for (repo, task_id), epoch in sorted(self.halted_owned.items()):
+            del self.halted_owned[(repo, task_id)]
+            if repo not in owned:
+                why = f"halted on {self.ctx.name} while it was cut off; its repo moved"
+                asyncio.get_running_loop().create_task(self.hand_back(repo, task_id, epoch, why))
+        self.kick()
+
     def resume(self, repo: str, task_id: str, term: int) -> None:
         log.info("%s/%s may resume (quorum back, term %d)", repo, task_id, term)
         self.kick()
+
+
+async def _no_hand_back(repo: str, task_id: str, epoch: int, why: str) -> bool:
+    return False

@@ -94,6 +94,22 @@ class LeaderWork:
             except Exception:  # noqa: BLE001 - one bad pass must not end the loop
                 log.exception("leader work pass failed")
 
+    # -- after a heal: know the owners before placing consistent work (core/rejoin.py) -----
+    async def resync(self) -> tuple[int, int]:
+        """Push-pull with every member we know of (dead ones too: after a heal gossip may
+        not have seen them alive yet), then let the owner announcements it brought be
+        applied (a demotion runs as its own task). Returns (peers answered, members known)."""
+        members = [m for m in self.gossip.members() if m.status != "left"]
+        peers = [m.addr for m in members if m.name != self.a.ctx.name]
+        rt = self.a.replicas.rt
+        before = set(rt.tasks)
+        answered = await self.gossip.sync(peers, timeout=2.0) if peers else set()
+        started = set(rt.tasks) - before
+        if started:
+            await asyncio.wait(started, timeout=2.0)
+        known = len({m.name for m in members} | {self.a.ctx.name})
+        return len(answered), known
+
     # -- owner: what the leader must know -------------------------------------------------
     def publish_owned(self) -> None:
         owned = set(self.a.repos.owned())

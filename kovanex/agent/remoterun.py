@@ -83,29 +83,81 @@ class RemoteRuns:
         self.assignments[value["repo"]] = value["url"]
         if (value["repo"], value["task"]) not in self.runs.runs:
             asyncio.get_running_loop().create_task(self._start(value))
+        else:
+            log.info("%s/%s: assigned at epoch %s while a run of it is here", repo, task_id,
+                     value.get("epoch"))  # fmt: skip
+
+    def recheck(self) -> None:
+        """Deliver again the assignments to us that are not running: one that came while our
+        owner records were stale (back from a partition, before the state sync) was read
+        from the wrong owner and dropped, and the owner would wait for its deadline."""
+        for value in self.gossip.items(ASSIGN).values():
+            if not isinstance(value, dict) or value.get("node") != self.ctx.name:
+                continue
+            key = (str(value.get("repo")), str(value.get("task")))
+            if key not in self.runs.runs and key not in self._watched:
+                log.info("%s/%s: assignment delivered again after the state sync", *key)
+                self.assignments[key[0]] = value["url"]
+                asyncio.get_running_loop().create_task(self._start(value))
+
+    def _ledger(self, repo: str) -> RemoteLedger:
+        return RemoteLedger(
+            self.ctx.layout.root / "cache" / f"{repo}.git",
+            lambda: self.owner_url(repo),
+            self.ctx.token,
+            self.ctx.name,
+            clock=self.ctx.clock,
+        )
+
+    async def hand_back(self, repo: str, task_id: str, epoch: int, why: str) -> bool:
+        """Requeue on its (new) owner a task it says we hold at `epoch` though we run it no
+        more: we halted it while cut off as its owner, and that requeue went to lost/ when
+        we learnt of the takeover. The epoch CAS refuses it if the lease moved meanwhile."""
+        remote = self._ledger(repo)
+        try:  # network: before the lock
+            view = await asyncio.to_thread(remote.read, task_id)
+        except Exception as e:  # noqa: BLE001 - owner unreachable: the leader re-places it
+            log.warning("%s/%s: cannot hand it back: %s", repo, task_id, e)
+            return False
+        held = view.state in (taskcore.PLACED, taskcore.RUNNING)
+        if not held or (view.node, view.epoch) != (self.ctx.name, epoch):
+            return False
+        if (repo, task_id) in self.runs.runs:
+            return False
+        tr = taskcore.requeue(view, why)
+        try:
+            await asyncio.to_thread(
+                remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
+            )
+        except (CasConflict, StaleEpoch):
+            return False
+        log.info("%s/%s handed back to its owner: %s", repo, task_id, why)
+        return True
 
     async def _start(self, a: dict[str, Any]) -> None:
         repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
         key = (repo, task_id)
         try:
-            remote = RemoteLedger(
-                self.ctx.layout.root / "cache" / f"{repo}.git",
-                lambda: self.owner_url(repo),
-                self.ctx.token,
-                self.ctx.name,
-                clock=self.ctx.clock,
-            )
+            remote = self._ledger(repo)
         except Exception as e:  # noqa: BLE001 - e.g. the cache dir is unusable
             log.warning("%s/%s: cannot prepare a cache repo: %s", repo, task_id, e)
             self.deadline.report(repo, task_id, epoch, f"could not prepare: {e}")
             return
-        try:  # network: before the lock
-            view = await asyncio.to_thread(remote.read, task_id)
-        except Exception as e:  # noqa: BLE001 - owner unreachable: its failure is handled there
-            log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
-            self.deadline.report(repo, task_id, epoch, fetch_failure(e))
-            return
+        view = None
+        for delay in (0.2, 0.5, 0.0):  # a concurrent fetch into the cache fails one: retry
+            try:  # network: before the lock
+                view = await asyncio.to_thread(remote.read, task_id)
+                break
+            except Exception as e:  # noqa: BLE001 - owner unreachable: handled there
+                log.warning("%s/%s: cannot read from owner: %s", repo, task_id, e)
+                if not delay:
+                    self.deadline.report(repo, task_id, epoch, fetch_failure(e))
+                    return
+                await asyncio.sleep(delay)
+        assert view is not None
         if view.node != self.ctx.name or view.epoch != epoch:
+            log.info("%s/%s: assignment at epoch %d is stale (%s@%d on %s)", repo, task_id,
+                     epoch, view.node, view.epoch, self.owner_desc(repo))  # fmt: skip
             return
         if view.state == taskcore.RUNNING:
             # we held this lease before a restart: hand it back under a new epoch

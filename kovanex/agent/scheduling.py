@@ -32,7 +32,7 @@ from kovanex.core.effects import (
     WriteRef,
 )
 from kovanex.gitstate import archive
-from kovanex.gitstate.ledger import Lease, task_id_of, transition_of
+from kovanex.gitstate.ledger import Lease, NoSuchTask, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
@@ -85,7 +85,7 @@ class TaskScheduler:
         self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
         self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
         # the quorum gate: None waits; else trailers the placement carries (the term)
-        self.grant: Callable[[Any], dict[str, str] | None] = lambda spec: {}
+        self.grant: Callable[[Any, str], dict[str, str] | None] = lambda spec, repo: {}
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:
@@ -229,7 +229,11 @@ class TaskScheduler:
         asked = await self.server_placement.ask(key)  # a SERVER decides; no lock held
         async with self.locks.of(key):
             ledger = self.repos.ledger(repo)
-            view = ledger.read(task_id)
+            try:
+                view = ledger.read(task_id)
+            except NoSuchTask:  # its branch moved to lost/ (we were deposed): not ours
+                self.core.pending.pop(key, None)
+                return
             if view.state not in scheduler.WAITING:
                 self.core.pending.pop(key, None)
                 return
@@ -244,7 +248,7 @@ class TaskScheduler:
                 self._execute(repo, self.core.decide(repo, view, bad, slot_free=False))
                 self.core.pending.pop(key, None)  # only a new push can change that
                 return
-            grant = self.grant(spec)
+            grant = self.grant(spec, repo)
             if grant is None:
                 return  # absolute_consistency without a quorum: it waits queued (issue 12)
             decision = asked[1] if asked else self.placer.decide(repo, task_id, spec)

@@ -25,6 +25,10 @@ class TokenSync:
 
     def start(self) -> None:
         self.gossip.subscribe(TOPIC, self._on_record)
+        # records that came with the join's push-pull before we subscribed: no callback
+        # will bring them again (their version is known), so merge them now
+        for name, value in sorted(self.gossip.items(TOPIC).items()):
+            self._merge(value, f"the gossip state ({name})")
         self.publish_all()
 
     def publish_all(self) -> int:
@@ -50,14 +54,17 @@ class TokenSync:
             return None
 
     def _on_record(self, topic: str, payload: Any) -> None:
+        self._merge(getattr(payload, "value", None), getattr(payload, "origin", "?"))
+
+    def _merge(self, value: Any, origin: str) -> None:
         try:
-            rec = TokenRecord.from_dict(payload.value)
+            rec = TokenRecord.from_dict(value)
         except (ValueError, KeyError, TypeError, AttributeError):
-            log.warning("dropped a malformed token record from %s", getattr(payload, "origin", "?"))
+            log.warning("dropped a malformed token record from %s", origin)
             return
         try:
             if self.book.merge(rec):
-                log.info("token %s: %s (from %s)", rec.name, rec.state(rec.created), payload.origin)
+                log.info("token %s: %s (from %s)", rec.name, rec.state(rec.created), origin)
             mine = self.book.get(rec.name)
         except TokenError as e:
             log.error("%s", e)

@@ -80,6 +80,7 @@ class GossipNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None  # created in start(), inside the loop
         self.failed_events = 0
+        self._replied: dict[str, float] = {}  # push-pull reply source -> when it was applied
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -110,6 +111,19 @@ class GossipNode:
         pps = [e for e in core.join(self._now(), list(addrs)) if isinstance(e, SendStream)]
         sent = await asyncio.gather(*(self._send_stream(e.addr, e.msg, timeout) for e in pps))
         return sum(sent)
+
+    async def sync(self, addrs: list[Addr], timeout: float = 2.0) -> set[str]:
+        """Push-pull with each address and wait (bounded) for the replies: the names whose
+        full state we applied. Why: a node back from a partition must know the owner
+        records before it acts on its own (core/rejoin.py)."""
+        t0 = self._now()
+        sent = await self.join(addrs, timeout)
+
+        def answered() -> set[str]:
+            return {n for n, at in self._replied.items() if at >= t0}
+
+        await self.wait_for(lambda: len(answered()) >= sent, max(0.0, t0 + timeout - self._now()))
+        return answered()
 
     async def leave(self, timeout: float = 3.0) -> None:
         """Broadcast our departure, wait (bounded) until it has gone out, then stop."""
@@ -219,6 +233,8 @@ class GossipNode:
         for m in msgs:
             if isinstance(m, PushPull):
                 self._run(self._core.handle(self._now(), StreamReceived(addr, m)))
+                if m.reply:
+                    self._replied[m.source] = self._now()
 
     def _tick(self) -> None:
         self._timer = None
