@@ -36,6 +36,9 @@ LEADER_OPS = ("RemoveNode", "DrainNode", "CordonNode", "SetReplicationLevel")
 # ... and placement of the tasks in repos that hold absolute-consistency work
 LEADER_TASK_OPS = ("ScheduleTask", "RescheduleTask")
 TERM = "x-kovanex-term"
+# the repo owner the forwarding node knows: the leader may not have heard of a repo
+# created a moment ago on another node (its gossip has not reached the leader yet)
+OWNER_HINT = "x-kovanex-owner"
 NO_QUORUM = (
     "the cluster has no leader: no quorum of NATS servers answers, so a write the leader "
     "decides cannot be made now; see `kovanex cluster status`, bring servers back until a "
@@ -117,10 +120,13 @@ class Forwarder:
             raise ApiError(503, NO_QUORUM, code="no_quorum")
         if leader != self.a.ctx.name:
             self._no_second_hop(call, leader)
-            return await self._forward(call, leader)
+            hint = decider(self.a, call) if call.op.op_id not in NODE_OPS else None
+            return await self._forward(call, leader, {OWNER_HINT: hint} if hint else None)
         if not self.a.coord.leads():
             raise ApiError(503, NO_QUORUM, code="no_quorum")
         target = decider(self.a, call)
+        if target is None and call.op.op_id not in NODE_OPS:
+            target = call.headers.get(OWNER_HINT) or None
         if target is None or target == self.a.ctx.name:
             return None
         return await self._forward(call, target, {TERM: str(known)})
