@@ -42,6 +42,7 @@ from kovanex import config as cfgmod
 from kovanex.agent import control
 from kovanex.cli.taskcmd import find_task
 from kovanex.coordcfg import CoordinationConfig
+from kovanex.core.replication import MemberView, choose_replicas
 from kovanex.gitstate.refs import RECONCILE
 from kovanex.taskview import describe
 from tests.agentkit import Node, exchange_dir, fsck, git, wait_for
@@ -84,6 +85,7 @@ class NsNode(Node):
         cmd = [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "init"]
         cmd += ["--name", name, "--bind", f"{addr}:0", "--http", f"{addr}:0", "--token", TOKEN]
         cmd += ["--coordination", "nats", "--labels", f"node={name}", "--units", "none"]
+        cmd += ["--runners", "4"]  # the 2 | 3 split runs two pairs of tasks on one node
         subprocess.run(cmd, check=True, capture_output=True)
 
     def ctl(self, op: str, **args: Any) -> Any:
@@ -296,6 +298,15 @@ def one_owner_each(c: Cluster) -> dict[str, NsNode]:
     return wait_for(owners, within(20), "exactly one owner per repo, agreed by every node")
 
 
+def logs(c: Cluster, repo: str) -> str:
+    """Every agent's log lines about `repo`, to tell a failure's story."""
+    out = []
+    for n in c.nodes:
+        lines = [ln for ln in n.log().splitlines() if repo in ln]
+        out.append(f"--- {n.name} ---\n" + "\n".join(lines[-40:]))
+    return "\n".join(out)
+
+
 def healed(c: Cluster) -> dict[str, NsNode]:
     """After the heal: one leader everywhere, one owner per repo, reconciliation done and
     no acknowledged commit lost, every task that must finish finishes (on its repo's
@@ -309,7 +320,14 @@ def healed(c: Cluster) -> dict[str, NsNode]:
             pending = git("for-each-ref", RECONCILE, cwd=o.repo(repo)).stdout.strip()
             return not pending and oids <= heads(o, repo)
 
-        wait_for(settled, within(20), f"every acknowledged commit of {repo} on {o.name}")
+        try:
+            wait_for(settled, within(20), f"every acknowledged commit of {repo} on {o.name}")
+        except AssertionError as e:
+            missing = sorted(oids - heads(o, repo))
+            pending = git("for-each-ref", RECONCILE, cwd=o.repo(repo)).stdout
+            raise AssertionError(
+                f"{e}\nmissing: {missing}\npending: {pending}\n{logs(c, repo)}"
+            ) from e
     for repo, task in c.done:
         o = owner[repo]
         wait_for(lambda o=o, t=task: o.task(t)["state"] == "succeeded", within(20), f"{task} ends")
@@ -350,43 +368,92 @@ def heal_after(cluster: Cluster):
     cluster.net.heal()
 
 
+def taken(maj: list[NsNode], repo: str) -> NsNode | None:
+    """The node every majority node names as `repo`'s owner, at a higher epoch (a split
+    takeover at one epoch is settled first: the lower name keeps it)."""
+    seen = set()
+    for n in maj:
+        rec = next((r for r in n.ctl("repo.describe") if r["repo"] == repo), {})
+        seen.add((rec.get("owner"), rec.get("owner_epoch", 0)))
+    if len(seen) != 1:
+        return None
+    ((name, epoch),) = seen
+    return next((n for n in maj if n.name == name and epoch > 1), None)
+
+
+def repo_named(prefix: str, owner: str, replica_in: set[str]) -> str:
+    """A repo name whose replica (rendezvous-hashed on the name, so every node computes
+    the same set) lands in `replica_in`: the scenario picks its path, not the leader draw."""
+    members = [MemberView(f"p{i}") for i in range(N)]
+    for k in range(1000):
+        name = f"{prefix}{k}"
+        if choose_replicas(owner, members, 1, salt=name)[0] in replica_in:
+            return name
+    raise AssertionError(f"no repo name puts {owner}'s replica in {replica_in}")
+
+
 def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
+    """Two async repos owned on the minority side: `bank`'s replica is on the minority
+    too (its owner keeps it, and resumes the halted task), `fund`'s is on the majority
+    (the majority takes it over; after the heal the old owner is deposed, its diverged
+    tips are merged into the new owner's branches, and its tasks finish there)."""
     c, nodes = cluster, cluster.nodes
     leader, term = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
     li = next(i for i, n in enumerate(nodes) if n.name == leader)
     other = next(i for i in range(N) if i != li)
     minority = [li, other]
     majority = [i for i in range(N) if i not in minority]
-    owner = nodes[other]  # a minority node owns the repo and runs both tasks
+    owner = nodes[other]  # a minority node owns both repos and runs every task
+    bank = repo_named("bank", owner.name, {leader})
+    fund = repo_named("fund", owner.name, {nodes[i].name for i in majority})
     x = exchange_dir()
-    owner.kx("repo", "create", "bank")
-    run_pair(c, owner, "bank", "pay-1", "web-1", x)
-    log = git("log", "--format=%B", "refs/heads/task/pay-1", cwd=owner.repo("bank")).stdout
-    assert "Kovanex-Term:" in log  # the consistent placement carries the leader term
-    ack_branches(c, owner, "bank")
+    for repo, pay, web in ((bank, "pay-1", "web-1"), (fund, "pay-f", "web-f")):
+        owner.kx("repo", "create", repo)
+        run_pair(c, owner, repo, pay, web, x)
+        log = git("log", "--format=%B", f"refs/heads/task/{pay}", cwd=owner.repo(repo)).stdout
+        assert "Kovanex-Term:" in log  # the consistent placement carries the leader term
+    for repo, where in ((bank, {leader}), (fund, {nodes[i].name for i in majority})):
+
+        def placed(r: str = repo, w: set[str] = where) -> bool:
+            reps = owner.ctl("repo.status", name=r)["replicas"]
+            return (
+                bool(reps) and set(reps) <= w and all(v["refs_behind"] == 0 for v in reps.values())
+            )
+
+        wait_for(placed, within(10), f"{repo}'s replica in {sorted(where)}, caught up")
+        ack_branches(c, owner, repo)
 
     cut_at = time.time()
     c.net.cut(*minority)
     new, new_term = majority_leads(c, majority, minority)
     assert new != leader and new_term > term
-    halts_in_time(owner, "bank", "pay-1", cut_at)
+    for repo, pay in ((bank, "pay-1"), (fund, "pay-f")):
+        halts_in_time(owner, repo, pay, cut_at)
+    # the majority takes over the repo whose replica it holds
+    maj = [nodes[i] for i in majority]
+    wait_for(lambda: taken(maj, fund), within(20), f"a majority node takes {fund} over")
     # ... and places no new consistent work
-    assert push(c, owner, "bank", "pay-2", "absolute_consistency", x).returncode == 0
-    wait_for(lambda: owner.task("pay-2")["state"] == "queued", within(5), "pay-2 queued")
+    for repo, pay in ((bank, "pay-2"), (fund, "pay-g")):
+        assert push(c, owner, repo, pay, "absolute_consistency", x).returncode == 0
+        wait_for(lambda p=pay: owner.task(p)["state"] == "queued", within(5), f"{pay} queued")
     # split_brain_allowed work goes on on the minority side
-    assert owner.task("web-1")["state"] == "running"
-    ack_branches(c, owner, "bank", "refs/heads/task/web-1")
-    assert not placements(owner, "bank", "pay-2") and owner.task("pay-2")["state"] == "queued"
+    for repo, web in ((bank, "web-1"), (fund, "web-f")):
+        assert owner.task(web)["state"] == "running"
+        ack_branches(c, owner, repo, f"refs/heads/task/{web}")
+    for repo, pay in ((bank, "pay-2"), (fund, "pay-g")):
+        assert not placements(owner, repo, pay) and owner.task(pay)["state"] == "queued"
 
     c.net.heal()
     wait_for(lambda: (a := agreed(nodes, view_of)) and a[0] == new, within(20), "one leader")
     (x / "release").write_text("go")
-    tasks = ("pay-1", "pay-2", "web-1")
-    if one_owner_each(c)["bank"] is not owner:  # bank's replica was on the majority side
-        c.deposed.append((owner, "bank", tasks))
+    owners = one_owner_each(c)
+    assert owners[fund] is not owner, f"{fund} stayed on {owner.name}"
+    c.deposed.append((owner, fund, ("pay-f", "pay-g", "web-f")))
+    if owners[bank] is not owner:  # the new leader may grant it to its replica at the heal
+        c.deposed.append((owner, bank, ("pay-1", "pay-2", "web-1")))
         healed(c)
         return
-    c.done += [("bank", t) for t in tasks]
+    c.done += [(bank, t) for t in ("pay-1", "pay-2", "web-1")]
     healed(c)
     # pay-1 ran its waiting step twice: before the halt, and resumed after the heal
     assert len((x / "pay-1.starts").read_text().split()) == 2
@@ -440,19 +507,7 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
     # the majority takes the repo over at a higher epoch and accepts pushes
     maj = [nodes[i] for i in majority]
 
-    def taken() -> NsNode | None:
-        """The node every majority node names as the owner, at a higher epoch (a split
-        takeover at one epoch is settled first: the lower name keeps it)."""
-        seen = set()
-        for n in maj:
-            rec = next((r for r in n.ctl("repo.describe") if r["repo"] == "vault"), {})
-            seen.add((rec.get("owner"), rec.get("owner_epoch", 0)))
-        if len(seen) != 1:
-            return None
-        ((name, epoch),) = seen
-        return next((n for n in maj if n.name == name and epoch > 1), None)
-
-    new = wait_for(taken, within(20), "a majority node takes the sync repo over")
+    new = wait_for(lambda: taken(maj, "vault"), within(20), "a majority node takes vault over")
     # (acknowledged once it has two replicas again; its consistent work is placed)
     run_pair(c, new, "vault", "pay-m", "web-m", x)
     # the minority: split_brain_allowed work runs on, the halted task is not placed again
@@ -487,11 +542,6 @@ def test_a_deposed_owner_places_no_consistent_work_and_its_tasks_finish(
                 within(20),
                 f"{task} final",
             )
-            if state == "unschedulable":
-                # Known liveness gap (issue 12, open): in some interleavings the deposed
-                # node still ignores the new owner's placement of a task pinned to it
-                # until the placement deadline excludes it. Safety above stays strict.
-                pytest.xfail(f"{repo}/{task} ended unschedulable on {new.name} (known gap)")
             assert state == "succeeded", f"{repo}/{task} ended {state} on {new.name}"
 
 

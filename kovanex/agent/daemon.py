@@ -161,7 +161,7 @@ class Agent:
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
-        self.runs.on_finished = self.dispatcher.ran
+        self.runs.on_finished = self._ran
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract
@@ -197,6 +197,10 @@ class Agent:
             self.leader.requeued = self._requeued
 
     # -- wiring helpers ----------------------------------------------------------------
+    def _ran(self, repo: str, task_id: str) -> None:
+        self.dispatcher.ran(repo, task_id)
+        self.remote.ran(repo, task_id)
+
     def _synced(self) -> None:
         """State synced after a quorum loss (core/rejoin.py): place what waited, and start
         what an owner assigned us while our owner records were stale."""

@@ -45,6 +45,9 @@ class RemoteRuns:
         self.replicas = replicas
         self.assignments: dict[str, str] = {}  # repo -> owner base URL, from assign records
         self._watched: dict[tuple[str, str], tuple[TaskRun, RemoteLedger]] = {}
+        # assignments to us that came while an older run of the task was here (our own
+        # run as a deposed owner): started once that run ends (`ran`)
+        self._pending: dict[tuple[str, str], dict[str, Any]] = {}
 
     def start(self) -> None:
         self.gossip.subscribe(ASSIGN, self._on_assign)
@@ -84,8 +87,34 @@ class RemoteRuns:
         if (value["repo"], value["task"]) not in self.runs.runs:
             asyncio.get_running_loop().create_task(self._start(value))
         else:
+            key = (value["repo"], value["task"])
             log.info("%s/%s: assigned at epoch %s while a run of it is here", repo, task_id,
                      value.get("epoch"))  # fmt: skip
+            self._pending[key] = value
+            run = self.runs.runs.get(key)
+            if run is not None and int(value.get("epoch", 0)) > run.lease.epoch:
+                asyncio.get_running_loop().create_task(self._supersede(run, value))
+
+    async def _supersede(self, run: TaskRun, a: dict[str, Any]) -> None:
+        """A newer lease on us replaces the run here (a deposed owner's own run, which the
+        new owner placed on us again): if the owner's branch confirms it (network, no
+        lock), stand the old run down; `ran` then starts the new lease."""
+        try:
+            view = await asyncio.to_thread(self._ledger(run.lease.repo).read, run.lease.task_id)
+        except Exception:  # noqa: BLE001 - owner unreachable: the old run's next CAS decides
+            return
+        if (view.node, view.epoch) == (self.ctx.name, int(a["epoch"])) and view.state in (
+            taskcore.PLACED,
+            taskcore.RUNNING,
+        ):
+            run.stand_down(f"lease moved on the owner: {view.state} {view.node}@{view.epoch}")
+
+    def ran(self, repo: str, task_id: str) -> None:
+        """A run ended: start the assignment that waited for it, if any (`_start` checks it
+        against the owner's branch, so a stale one is dropped there)."""
+        value = self._pending.pop((repo, task_id), None)
+        if value is not None and (repo, task_id) not in self.runs.runs:
+            asyncio.get_running_loop().create_task(self._start(value))
 
     def recheck(self) -> None:
         """Deliver again the assignments to us that are not running: one that came while our
