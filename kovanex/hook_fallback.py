@@ -10,6 +10,7 @@ from kovanex.gitstate.ledger import TaskLedger
 from kovanex.gitstate.pygit2store import Pygit2Store, http_pusher
 from kovanex.inputlimits import InputLimits
 from kovanex.pushcheck import (
+    STAGING_PREFIX,
     PushOptions,
     RefUpdate,
     check_pre_receive,
@@ -37,6 +38,10 @@ def run(
     except cfgmod.ConfigError:
         node, limits, coord = "hook", InputLimits(), None
     if phase == "pre-receive":
+        refusal = _sync_refusal(git_dir, node, updates, data_dir)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return 1
         verdict = check_pre_receive(
             git_dir,
             quarantine,
@@ -60,6 +65,25 @@ def run(
             file=sys.stderr,
         )
     return 0
+
+
+def _sync_refusal(git_dir: str, node: str, updates: list[RefUpdate], data_dir: str) -> str:
+    """A sync repo acknowledges a push only once its replicas hold it, and only the agent
+    can replicate: with the agent down its owner refuses the push rather than acknowledge
+    a write no replica has (staging writes, which replicate, are not user pushes)."""
+    from kovanex.gitstate.ownership import read_ownership
+
+    own = read_ownership(Pygit2Store(git_dir))
+    if own is None or own.owner != node or own.level != "sync" or not own.replicas_wanted:
+        return ""
+    if all(u.ref.startswith(STAGING_PREFIX) for u in updates):
+        return ""
+    return (
+        f"kovanex: sync replication: the agent on {node} is not answering, so the push "
+        f"cannot reach the {own.replicas_wanted} replicas it needs before it is "
+        f"acknowledged; it was refused and nothing moved. Start the agent "
+        f"(kovanex agent --data {data_dir}) and push again."
+    )
 
 
 def _owner_url(git_dir: str, node: str):
