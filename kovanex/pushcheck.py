@@ -94,9 +94,12 @@ def check_pre_receive(
     owner_url: Callable[[], str | None] | None = None,
     limits: InputLimits = DEFAULT_LIMITS,
     coordination: CoordinationConfig | None = None,
+    quorum: Callable[[], bool] | None = None,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
-    refuse writes to a replica; refuse consistency the backend cannot give; honour dry-run."""
+    refuse writes to a replica; refuse consistency the backend cannot give; honour dry-run.
+    `quorum` (the agent's: may this node place consistent work now?) guards updates of
+    absolute-consistency branches; the hooks' slow path has no view of it."""
     verdict = Verdict()
     for err in options.errors:
         verdict.reject(f"kovanex: {err}")
@@ -149,9 +152,10 @@ def check_pre_receive(
             )
             continue
         if coordination is not None:
-            _check_failover(
-                specmod.load_spec(data, SPEC_PATH, limits), task_id, coordination, verdict
-            )
+            spec = specmod.load_spec(data, SPEC_PATH, limits)
+            _check_failover(spec, task_id, coordination, verdict)
+            if u.old != ZERO and quorum is not None:
+                _check_quorum(spec, task_id, coordination, quorum, verdict)
         if u.old != ZERO:
             _check_running(store, ledger, task_id, u, verdict)
             _check_epoch(store, ledger, task_id, u, verdict)
@@ -178,6 +182,26 @@ def _check_failover(
             f"which is AP only. Turn coordination on: {ENABLE_HINT} on the server nodes; "
             'or set failover = "split_brain_allowed" if running on both sides of a '
             "partition is acceptable"
+        )
+
+
+def _check_quorum(
+    spec: specmod.TaskSpec,
+    task_id: str,
+    coord: CoordinationConfig,
+    quorum: Callable[[], bool],
+    verdict: Verdict,
+) -> None:
+    """An update of a consistent branch needs a quorum: such branches are never merged
+    after a heal (their runs must not have happened twice), so a commit acknowledged on
+    the minority side would be left under lost/. A new branch is fine: only this side
+    has it, and the survivor adopts it whole (ADR 0037)."""
+    failover = spec.failover or coord.failover_default
+    if failover == "absolute_consistency" and not quorum():
+        verdict.reject(
+            f"kovanex: task/{task_id}: an update of an absolute_consistency task needs a "
+            "quorum, and this node has none now (see `kovanex cluster status`): push it to "
+            "a node on the majority side, or again once the partition heals"
         )
 
 

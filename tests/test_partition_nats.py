@@ -429,6 +429,13 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
     assert new != leader and new_term > term
     for repo, pay in ((bank, "pay-1"), (fund, "pay-f")):
         halts_in_time(owner, repo, pay, cut_at)
+    # an update of a consistent branch both sides hold is refused without a quorum (it
+    # could never be merged after the heal)
+    upd = c.root / "w-pay-1-update"
+    git("clone", "-q", "-b", "task/pay-1", str(owner.repo(bank)), str(upd))
+    git("commit", "-q", "--allow-empty", "-m", "an update", cwd=upd)
+    p = owner.git_in_ns("push", "-q", str(owner.repo(bank)), "HEAD:refs/heads/task/pay-1", cwd=upd)
+    assert p.returncode != 0 and "needs a quorum" in p.stderr, p.stderr
     # the majority takes over the repo whose replica it holds
     maj = [nodes[i] for i in majority]
     wait_for(lambda: taken(maj, fund), within(20), f"a majority node takes {fund} over")

@@ -49,3 +49,50 @@ def test_a_bad_environments_file_on_the_default_branch_is_refused_by_field(tmp_p
     assert not ok
     assert "main: .kovanex/environments.toml: environments[1].auto: 'yes' is not of type" in msg
     assert _verdict(bare, "refs/heads/feature", oid)[0]  # only the default branch is read
+
+
+CONSISTENT = 'failover = "absolute_consistency"\n[[steps]]\nname = "a"\nrun = "true"\n'
+
+
+def test_an_update_of_a_consistent_branch_needs_a_quorum_and_a_new_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """Consistent branches are never merged after a heal, so an update acknowledged on the
+    minority side would be lost: refused without a quorum. A new branch is adopted whole."""
+    from kovanex.coordcfg import CoordinationConfig
+
+    coord = CoordinationConfig(backend="nats")
+    bare = tmp_path / "r.git"
+    git("init", "-q", "--bare", str(bare))
+    work = tmp_path / "w"
+    git("init", "-q", str(work))
+    (work / ".kovanex").mkdir()
+    (work / ".kovanex" / "task.toml").write_text(CONSISTENT)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "one", cwd=work)
+    git("push", "-q", str(bare), "HEAD:refs/heads/task/pay", cwd=work)
+    old = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    git("commit", "-q", "--allow-empty", "-m", "two", cwd=work)
+    new = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    git("push", "-q", str(bare), "HEAD:refs/kovanex/scratch", cwd=work)  # objects only
+
+    def verdict(u: RefUpdate, quorum: bool) -> tuple[bool, str]:
+        v = check_pre_receive(
+            str(bare), None, [u], PushOptions(), coordination=coord, quorum=lambda: quorum
+        )
+        return v.ok, "\n".join(v.messages)
+
+    update = RefUpdate(old, new, "refs/heads/task/pay")
+    ok, msg = verdict(update, quorum=False)
+    assert not ok and "task/pay: an update of an absolute_consistency task needs a quorum" in msg
+    assert "push it to a node on the majority side" in msg  # what to do next
+    assert verdict(update, quorum=True)[0]
+    assert verdict(RefUpdate(ZERO, new, "refs/heads/task/pay2"), quorum=False)[0]
+    # a split_brain_allowed task takes updates on both sides (they are merged after a heal)
+    (work / ".kovanex" / "task.toml").write_text(
+        CONSISTENT.replace("absolute_consistency", "split_brain_allowed")
+    )
+    git("commit", "-q", "-am", "three", cwd=work)
+    git("push", "-q", str(bare), "HEAD:refs/kovanex/scratch", cwd=work)
+    third = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    assert verdict(RefUpdate(old, third, "refs/heads/task/pay"), quorum=False)[0]

@@ -187,6 +187,7 @@ class Agent:
                 int(self.coord.summary()["term"]) if self.coord.can_place() else None
             )
             self.coord.on_halt = self.consistent.halt
+            self.pushes.quorum = self.coord.can_place
             self.coord.on_resume = self.consistent.resume
             self.coord.sync = self.leader.resync
             self.coord.on_ready = self._synced

@@ -46,6 +46,8 @@ class PushHandler:
         # set by the daemon: a pushed release tag or promote/<version> ref starts a
         # promotion, whose report streams back through `emit` (kovanex/agent/promotions.py)
         self.on_release: Callable[..., Awaitable[list[str]]] | None = None
+        # set by the daemon: may this node place consistent work now (quorum, synced)?
+        self.quorum: Callable[[], bool] | None = None
 
     async def on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
         updates = [RefUpdate.parse(r) for r in req.refs]
@@ -75,6 +77,7 @@ class PushHandler:
             owner_url=lambda: None if owner else self.owner_desc(repo),
             limits=self.ctx.cfg.limits,
             coordination=self.ctx.cfg.coordination,
+            quorum=self.quorum,
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be
