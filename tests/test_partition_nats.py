@@ -513,8 +513,9 @@ def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:
         ).returncode
         != 0
     )
-    new_leader, _ = majority_leads(c, majority, [oi])
-    assert new_leader == leader  # the leader was on the majority side all along
+    # one leader on the majority side: usually the one before the cut, but a new one if the
+    # isolated node led the lease's KV stream (NATS's re-election outlasts the TTL, ADR 0026)
+    majority_leads(c, majority, [oi])
     halts_in_time(owner, "vault", "pay-v", cut_at)
     # the majority takes the repo over at a higher epoch and accepts pushes
     maj = [nodes[i] for i in majority]
