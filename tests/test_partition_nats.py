@@ -85,7 +85,10 @@ class NsNode(Node):
         cmd = [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "init"]
         cmd += ["--name", name, "--bind", f"{addr}:0", "--http", f"{addr}:0", "--token", TOKEN]
         cmd += ["--coordination", "nats", "--labels", f"node={name}", "--units", "none"]
-        cmd += ["--runners", "4"]  # the 2 | 3 split runs two pairs of tasks on one node
+        # the 2 | 3 split pins six tasks to one node: enough slots for all of them (with
+        # fewer, the owner places on a full node from a stale view of its slots, and the
+        # placement deadline can exclude it: a separate gap, noted in the README)
+        cmd += ["--runners", "8"]
         subprocess.run(cmd, check=True, capture_output=True)
 
     def ctl(self, op: str, **args: Any) -> Any:

@@ -114,6 +114,7 @@ class ReplicaManager:
         """Anti-entropy: ownership and fetches, then reconciliation's backstop (a lost
         offer or nudge): owners merge what is staged, others re-offer what they lost."""
         await self.ownership.tick()
+        self.fetcher.retry_resyncs()
         for repo in sorted(self.rt.known):
             if self.rt.is_owner(repo):
                 await self.reconciler.merge_staged(repo)

@@ -166,7 +166,20 @@ class ReplicaFetcher:
             self._dirty.discard(repo)
             if not self._should_fetch(repo):
                 return
-            await self._fetch(repo)
+            try:
+                await self._fetch(repo)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not wedge the repo: the next tick fetches again
+                log.exception("%s: fetch failed", repo)
+
+    def retry_resyncs(self) -> None:
+        """Anti-entropy for a demoted owner's one resync: it follows no owner afterwards,
+        so nothing else would fetch again after a fetch that failed or found no address."""
+        for repo in sorted(self._resync_from):
+            t = self._fetchers.get(repo)
+            if t is None or t.done():
+                self.want(repo)
 
     def _should_fetch(self, repo: str) -> bool:
         """A replica follows its owner; a demoted owner's copy resyncs once even when the
@@ -179,7 +192,10 @@ class ReplicaFetcher:
         o = self.rt.known.get(repo)
         url = self.peers.repo_url(repo, o.owner) if o else ""
         if o is None or not url:
+            log.info("%s: no address for its owner yet; fetching at the next tick", repo)
             return
+        if repo in self._resync_from:
+            log.info("%s: resyncing from its new owner %s@%d", repo, o.owner, o.epoch)
         target = (o.owner, o.epoch)
         self.fetches[repo] += 1
         timeout = self.clone_timeout_s if repo in self._fresh else self.fetch_timeout_s

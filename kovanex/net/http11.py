@@ -158,6 +158,8 @@ class Exchange:
     async def _send(self, ev: h11.Event) -> None:
         data = self.conn.send(ev)
         if data:
+            if self.writer.is_closing():  # the peer went away mid-response (uvloop raises
+                raise ConnectionResetError("the client closed the connection")  # otherwise)
             self.writer.write(data)
             await self.writer.drain()
 
