@@ -162,3 +162,27 @@ def test_an_archive_pass_gives_memory_back_with_no_tip_alive(
     assert uvloop.run(svc.run_due()) == 2
     assert len(forgot) == 50
     assert alive == [0], "the archive pass gave memory back while its tips were alive"
+
+
+def test_a_big_archive_pass_runs_in_a_child_process(tmp_path: Path) -> None:
+    """Issue 11 (ADR 0043): over a big repo, the tips are read and the refs moved by a
+    child process (compare-and-swap, as in the agent), which hands back the ids moved; the
+    agent's own `read_tips` is counted and never runs."""
+    import time
+
+    from kovanex.gitstate import archive, tipscan
+    from tests.test_sweep_cost import count_calls
+
+    clock = FakeClock(wall=time.time())
+    svc, forgot, repo = service(tmp_path, clock)
+    n = tipscan.CHILD_ABOVE + 50
+    seed(repo, n, prefix="old", age_s=30 * DAY)
+    seed(repo, 3, prefix="new", age_s=0)
+    seen = count_calls(archive, ["read_tips"])
+    assert asyncio.run(svc.run_due()) == 2
+    assert seen["read_tips"] == 0, "the archive pass parsed every tip in the agent's process"
+    assert sorted(forgot) == sorted(("r", f"old{i}") for i in range(n))
+    live = gitcli.for_each_ref(repo, "refs/heads/task/")
+    assert sorted(live) == [f"refs/heads/task/new{i}" for i in range(3)]
+    assert len(gitcli.for_each_ref(repo, "refs/kovanex/archive/")) == n
+    fsck(repo)

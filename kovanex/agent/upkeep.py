@@ -22,7 +22,7 @@ from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import upkeep
-from kovanex.gitstate import archive, gitcli
+from kovanex.gitstate import gitcli, tipscan
 
 log = logging.getLogger("kovanex.agent")
 # pack-refs: archived refs leave the loose-ref directory; loose-objects: one transition
@@ -119,11 +119,8 @@ class UpkeepService:
     async def _archive(self, repo: str, path: Path) -> int:
         """Archive the repo's finished tasks that are due; how many moved."""
         now = self.ctx.clock.time()
-        tips = await asyncio.to_thread(archive.read_tips, path)
-        due = archive.due(tips, now, self.archive_after)
-        tips.clear()  # an executor's finished future keeps its result alive: free it now
-        moved = await asyncio.to_thread(archive.archive, path, due) if due else []
-        due.clear()
+        # a big repo's parse and ref moves happen in a child process (ADR 0043)
+        moved = await tipscan.archive_async(path, now, self.archive_after)
         for task_id in moved:
             self.forget((repo, task_id))
         if moved:
