@@ -3,7 +3,8 @@
 (ADR 0031). When is the pure core's (`core/upkeep.py`); this service carries it out.
 
 The last runs are kept in `<data>/upkeep.json`, so a restart does not repack every repo
-again. The work is local git in a worker thread or a git child, never under a task lock:
+again. The work is local git in a worker thread or a child (git, or for a big repo's
+archive `gitstate/tipscan.py`: ADR 0043), never under a task lock:
 archiving is compare-and-swap on each tip (gitstate/archive.py), so a task resubmitted
 meanwhile stays where it is.
 """
