@@ -87,3 +87,24 @@ def test_a_start_reads_the_tips_of_finished_tasks_not_their_histories(tmp_path: 
     assert len(n.sched.tips) == 301 and n.sched.tips[("r", "old7")] == n.led.tip("old7")
     assert seen["walk"] <= 2  # the live task's history, not the 300 finished ones
     assert len(n.led._views) <= 1
+
+
+def test_a_start_over_a_big_repo_parses_its_tips_in_a_child_process(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Issue 11 (ADR 0043): the first pass over a big repo runs in a child process, so its
+    parse's churn never reaches the agent's heap. The agent's own `read_tips` is counted
+    (the real one still runs if called); the child is a fresh interpreter, not counted."""
+    from kovanex.gitstate import archive, tipscan
+
+    n = Node(tmp_path / "n1")
+    seed(n.repos.path("r"), tipscan.CHILD_ABOVE + 100)
+    submit(n.led, "live")
+    seen = count_calls(archive, ["read_tips"])
+    n.runs.slots.try_acquire()  # nothing starts: the live task stays queued
+    asyncio.run(n.sched.reconcile_all())
+    assert seen["read_tips"] == 0, "the first pass parsed every tip in the agent's process"
+    assert n.sched.active == {("r", "live")}
+    assert len(n.sched.tips) == tipscan.CHILD_ABOVE + 101
+    assert n.sched.tips[("r", "old7")] == n.led.tip("old7")
+    assert n.sched.core.pending.keys() == {("r", "live")}

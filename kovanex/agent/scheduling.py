@@ -31,7 +31,7 @@ from kovanex.core.effects import (
     StartRun,
     WriteRef,
 )
-from kovanex.gitstate import archive
+from kovanex.gitstate import tipscan
 from kovanex.gitstate.ledger import Lease, NoSuchTask, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch
@@ -123,23 +123,13 @@ class TaskScheduler:
         """Every task of a repo (start, takeover), from one for-each-ref of the tips: a
         finished task with no run here needs nothing but its tip, so its history is not
         walked (a start costs what the live tasks cost, and memory stays flat)."""
-        tips = await asyncio.to_thread(archive.read_tips, self.repos.path(repo))
-        try:
-            for t in tips:
-                if t.finished and t.transition and (repo, t.task_id) not in self.runs.runs:
-                    tr = t.transition
-                    # copies: what we keep must not pin the pages of the parse (issue 11)
-                    tid, tip = archive.fresh(t.task_id), archive.fresh(t.oid)
-                    view = taskcore.TaskView(
-                        tid, tr.state, tr.epoch, tr.node, tr.attempt, reason=tr.reason, tip=tip
-                    )
-                    self._observe(repo, view)
-                else:
-                    await self.reconcile_task(repo, t.task_id)
-        finally:
-            # the executor's finished future keeps its result alive after we return, so the
-            # first pass's peak stayed in the heap; emptying the list frees it (issue 11)
-            tips.clear()
+        # in a child process when the repo is big: the parse's churn stays out of the
+        # agent's heap, which only receives what it keeps (issue 11, ADR 0043)
+        async for task_id, view in tipscan.scan(self.repos.path(repo)):
+            if view is not None and (repo, task_id) not in self.runs.runs:
+                self._observe(repo, view)
+            else:
+                await self.reconcile_task(repo, task_id)
 
     async def sweep_repo(self, repo: str) -> None:
         """Anti-entropy at the cost of the tasks in flight: every task ref is listed only

@@ -3,7 +3,8 @@
 (ADR 0031). When is the pure core's (`core/upkeep.py`); this service carries it out.
 
 The last runs are kept in `<data>/upkeep.json`, so a restart does not repack every repo
-again. The work is local git in a worker thread or a git child, never under a task lock:
+again. The work is local git in a worker thread or a child (git, or for a big repo's
+archive `gitstate/tipscan.py`: ADR 0043), never under a task lock:
 archiving is compare-and-swap on each tip (gitstate/archive.py), so a task resubmitted
 meanwhile stays where it is.
 """
@@ -22,7 +23,7 @@ from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import upkeep
-from kovanex.gitstate import archive, gitcli
+from kovanex.gitstate import gitcli, tipscan
 
 log = logging.getLogger("kovanex.agent")
 # pack-refs: archived refs leave the loose-ref directory; loose-objects: one transition
@@ -87,10 +88,14 @@ class UpkeepService:
         tmp.write_text(json.dumps(self.core.last, sort_keys=True))
         tmp.replace(self.state_file)
 
-    async def run_due(self) -> int:
-        """Carry out every job due now; returns how many ran."""
+    async def run_due(self, kinds: tuple[str, ...] = upkeep.KINDS) -> int:
+        """Carry out every job of these kinds due now; returns how many ran. The agent runs
+        the archive jobs before its first reconcile (ADR 0043): it then never takes in the
+        finished tasks it would drop at once, which left their churn in its heap."""
         n = 0
         for job in self.core.due(self.ctx.clock.time(), self.repos.owned()):
+            if job.kind not in kinds:
+                continue
             try:
                 await self._do(job)
             except Exception as e:  # noqa: BLE001 - retried at its next interval
@@ -119,11 +124,8 @@ class UpkeepService:
     async def _archive(self, repo: str, path: Path) -> int:
         """Archive the repo's finished tasks that are due; how many moved."""
         now = self.ctx.clock.time()
-        tips = await asyncio.to_thread(archive.read_tips, path)
-        due = archive.due(tips, now, self.archive_after)
-        tips.clear()  # an executor's finished future keeps its result alive: free it now
-        moved = await asyncio.to_thread(archive.archive, path, due) if due else []
-        due.clear()
+        # a big repo's parse and ref moves happen in a child process (ADR 0043)
+        moved = await tipscan.archive_async(path, now, self.archive_after)
         for task_id in moved:
             self.forget((repo, task_id))
         if moved:
