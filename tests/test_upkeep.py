@@ -186,25 +186,3 @@ def test_a_big_archive_pass_runs_in_a_child_process(tmp_path: Path) -> None:
     assert sorted(live) == [f"refs/heads/task/new{i}" for i in range(3)]
     assert len(gitcli.for_each_ref(repo, "refs/kovanex/archive/")) == n
     fsck(repo)
-
-
-def test_an_agent_archives_what_is_due_before_its_first_reconcile(tmp_path: Path) -> None:
-    """Issue 11 (ADR 0043): a starting agent archives the finished tasks due for it before
-    it reconciles every task, so it never takes in (then drops) what it archives: the
-    archive's log line comes before the agent says it is ready."""
-    import os
-
-    from tests.agentkit import Node, wait_for
-
-    node = Node(tmp_path, f"arc{os.getpid() % 100000}")  # unique on a shared host
-    node.kx("repo", "create", "r")
-    seed(node.repo("r"), 20, prefix="old", age_s=30 * DAY)
-    node.start()
-    try:
-        ready = f"agent {node.name} ready"
-        wait_for(lambda: ready in node.log(), 30, "ready logged")
-        log = node.log()
-        assert 0 <= log.find("r: archived 20 finished task(s)") < log.find(ready)
-        assert not gitcli.for_each_ref(node.repo("r"), "refs/heads/task/")
-    finally:
-        node.stop()

@@ -47,7 +47,6 @@ from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.service import ApiService
 from kovanex.core.effects import Assign
-from kovanex.core.upkeep import ARCHIVE
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
@@ -295,7 +294,6 @@ class Agent:
         await self.replicas.start()
         for repo in self.repos.all():
             self.watch(repo)
-        await self.upkeep.run_due((ARCHIVE,))  # first: what it drops is never taken in
         await self.scheduler.reconcile_all()
         release_memory()  # one pass over every task's tip: do not carry its peak
         await self.hooks.start()
