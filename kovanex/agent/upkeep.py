@@ -88,14 +88,10 @@ class UpkeepService:
         tmp.write_text(json.dumps(self.core.last, sort_keys=True))
         tmp.replace(self.state_file)
 
-    async def run_due(self, kinds: tuple[str, ...] = upkeep.KINDS) -> int:
-        """Carry out every job of these kinds due now; returns how many ran. The agent runs
-        the archive jobs before its first reconcile (ADR 0043): it then never takes in the
-        finished tasks it would drop at once, which left their churn in its heap."""
+    async def run_due(self) -> int:
+        """Carry out every job due now; returns how many ran."""
         n = 0
         for job in self.core.due(self.ctx.clock.time(), self.repos.owned()):
-            if job.kind not in kinds:
-                continue
             try:
                 await self._do(job)
             except Exception as e:  # noqa: BLE001 - retried at its next interval
