@@ -307,6 +307,13 @@ def logs(c: Cluster, repo: str) -> str:
     for n in c.nodes:
         lines = [ln for ln in n.log().splitlines() if repo in ln]
         out.append(f"--- {n.name} ---\n" + "\n".join(lines[-40:]))
+    spy = Path(sys.executable).with_name("py-spy")  # the bench extra's profiler, if there
+    for n in c.nodes:  # where each agent's threads are (a stuck thread pool shows here)
+        if spy.exists() and n.proc is not None:
+            p = subprocess.run(
+                [str(spy), "dump", "--pid", str(n.proc.pid)], capture_output=True, text=True
+            )
+            out.append(f"--- {n.name} threads ---\n{p.stdout[-6000:]}{p.stderr[-500:]}")
     return "\n".join(out)
 
 
@@ -333,7 +340,12 @@ def healed(c: Cluster) -> dict[str, NsNode]:
             ) from e
     for repo, task in c.done:
         o = owner[repo]
-        wait_for(lambda o=o, t=task: o.task(t)["state"] == "succeeded", within(20), f"{task} ends")
+        try:
+            wait_for(
+                lambda o=o, t=task: o.task(t)["state"] == "succeeded", within(20), f"{task} ends"
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{o.task(task)}\n{logs(c, repo)}") from e
     # git fsck is not safe against a concurrent writer (a pack a fetch adds while it runs
     # is missed, and the new reflog entry reads as invalid): a real corruption persists,
     # so re-run until clean, reporting the last error at the deadline
