@@ -26,7 +26,7 @@ COMMANDS: dict[str, str] = {
     **dict.fromkeys(("token", "credential"), "tokencmd"),
     "api": "apicmd",
     "scale": "scalecmd",
-    **dict.fromkeys(("env", "promote", "approve"), "envcmd"),
+    **dict.fromkeys(("env", "promote", "approve", "verify", "rollback"), "envcmd"),
 }
 
 
