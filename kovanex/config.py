@@ -12,15 +12,14 @@ import binascii
 import json
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kovanex.coordcfg import CoordinationConfig, CoordinationError
-from kovanex.core.autoscale import Policy as ScalingPolicy
-from kovanex.core.autoscale import PolicyError
-from kovanex.inputlimits import InputLimits
+if TYPE_CHECKING:  # loaded with a node's config only: every CLI start reads this module
+    from kovanex.coordcfg import CoordinationConfig
+    from kovanex.core.autoscale import Policy as ScalingPolicy
+    from kovanex.inputlimits import InputLimits
 
 ROLES = ("full", "server", "runner", "storage")
 LOG_FORMATS = ("text", "json")
@@ -108,6 +107,22 @@ class Layout:
         return self.logs / repo / task / f"{index}-{step}.log"
 
 
+def _default(section: str) -> Any:
+    """A section's defaults, its module imported only now: `kovanex task list` reads no
+    kovanex.toml, so it should not pay for the lease or autoscaling code (ADR 0044)."""
+    if section == "limits":
+        from kovanex.inputlimits import InputLimits
+
+        return InputLimits()
+    if section == "scaling":
+        from kovanex.core.autoscale import Policy
+
+        return Policy()
+    from kovanex.coordcfg import CoordinationConfig
+
+    return CoordinationConfig()
+
+
 @dataclass
 class NodeConfig:
     name: str
@@ -131,15 +146,19 @@ class NodeConfig:
     units_uid_base: int = 61000
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
-    limits: InputLimits = field(default_factory=InputLimits)  # `[limits]`: what a push may ask
-    scaling: ScalingPolicy = field(default_factory=ScalingPolicy)  # `[scaling]`: ADR 0025
+    limits: InputLimits = field(
+        default_factory=lambda: _default("limits")
+    )  # `[limits]`: what a push may ask
+    scaling: ScalingPolicy = field(
+        default_factory=lambda: _default("scaling")
+    )  # `[scaling]`: ADR 0025
     log_format: str = "text"  # `[log] format`: text | json (JSON lines)
     # [maintenance]: finished tasks move to refs/kovanex/archive/ after this age, and
     # `git maintenance` (pack-refs, commit-graph, incremental repack) runs this often
     archive_after: str = "7d"
     maintenance_every: str = "1h"
     # `[coordination]`: leader lease and quorum (kovanex/coordcfg.py, ADR 0026)
-    coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
+    coordination: CoordinationConfig = field(default_factory=lambda: _default("coordination"))
 
     def to_toml(self) -> str:
         lines = [
@@ -188,6 +207,8 @@ class NodeConfig:
 
     @classmethod
     def from_toml(cls, text: str, path: str = "kovanex.toml") -> NodeConfig:
+        import tomllib
+
         try:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -258,6 +279,8 @@ def parse_duration(text: str) -> float:
 
 
 def _coordination(table: Any, path: str) -> CoordinationConfig:
+    from kovanex.coordcfg import CoordinationConfig, CoordinationError
+
     try:
         return CoordinationConfig.from_table(table, path)
     except CoordinationError as e:
@@ -267,6 +290,8 @@ def _coordination(table: Any, path: str) -> CoordinationConfig:
 def _limits(table: Any, path: str) -> InputLimits:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [limits] must be a table")
+    from kovanex.inputlimits import InputLimits
+
     try:
         return InputLimits.from_table(table, path)
     except ValueError as e:
@@ -276,6 +301,9 @@ def _limits(table: Any, path: str) -> InputLimits:
 def _scaling(table: Any, path: str) -> ScalingPolicy:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [scaling] must be a table")
+    from kovanex.core.autoscale import Policy as ScalingPolicy
+    from kovanex.core.autoscale import PolicyError
+
     try:
         return ScalingPolicy.from_table(table)
     except PolicyError as e:

@@ -3,28 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from kovanex import __version__
 from kovanex import config as cfgmod
-from kovanex.cli import (
-    apicmd,
-    clustercmd,
-    envcmd,
-    nodecmd,
-    repocmd,
-    scalecmd,
-    schedcmd,
-    schemacmd,
-    taskcmd,
-    tokencmd,
-    unitcmd,
-)
 from kovanex.cli.output import CliError
 
+# Which module registers each top-level command, in `--help` order. Only the chosen
+# command's module is imported (ADR 0044): `kovanex task list` must not load the agent's
+# client, asyncio or the runner. tests/test_cli_start.py checks this against the modules.
+COMMANDS: dict[str, str] = {
+    **dict.fromkeys(("init", "agent", "status"), "nodecmd"),
+    "repo": "repocmd",
+    "task": "taskcmd",
+    "schema": "schemacmd",
+    **dict.fromkeys(("members", "join", "leave", "force-leave", "monitor"), "clustercmd"),
+    **dict.fromkeys(("keygen", "keys", "cluster"), "clustercmd"),
+    **dict.fromkeys(("health", "graph", "module"), "schedcmd"),
+    "units": "unitcmd",
+    **dict.fromkeys(("token", "credential"), "tokencmd"),
+    "api": "apicmd",
+    "scale": "scalecmd",
+    **dict.fromkeys(("env", "promote", "approve", "verify", "rollback"), "envcmd"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _modules(rest: list[str] | None) -> list[str]:
+    """The command modules a command line needs: the chosen command's; none for a bare
+    `--version`; every one for `--help` or a word that is no command (argparse then
+    lists them all)."""
+    word = next((a for a in rest if not a.startswith("-")), None) if rest is not None else None
+    if word in COMMANDS:
+        return [COMMANDS[word]]
+    if rest is not None and word is None and not {"-h", "--help"} & set(rest):
+        return []
+    return list(dict.fromkeys(COMMANDS.values()))
+
+
+def build_parser(rest: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `rest` (the command line without `--data`); every command's when
+    `rest` is None."""
     p = argparse.ArgumentParser(
         prog="kovanex", description="Kovanex: a git-native task engine. A task is a branch."
     )
@@ -33,20 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", default=None, help="node data dir (default: $KOVANEX_HOME, then ~/.kovanex)"
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="<command>")
-    for mod in (
-        nodecmd,
-        repocmd,
-        taskcmd,
-        schemacmd,
-        clustercmd,
-        schedcmd,
-        unitcmd,
-        tokencmd,
-        apicmd,
-        scalecmd,
-        envcmd,
-    ):
-        mod.register(sub)
+    for name in _modules(rest):
+        importlib.import_module(f"kovanex.cli.{name}").register(sub)
     return p
 
 
@@ -68,7 +76,7 @@ def split_data(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     data, rest = split_data(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(rest)
+    args = build_parser(rest).parse_args(rest)
     layout = cfgmod.Layout(cfgmod.data_dir(data))
     try:
         rc = int(args.func(args, layout) or 0)

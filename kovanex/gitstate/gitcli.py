@@ -18,15 +18,18 @@ pygit2 code (gitstate/pygit2store.py) stays in-process; this is for the CLI only
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kovanex.gitstate.refs import HIDDEN
+
+if TYPE_CHECKING:  # the CLI reads git through `run` and should not load the event loop
+    import asyncio
 
 ZERO = "0" * 40
 
@@ -194,6 +197,8 @@ async def run_async(
 ) -> Result:
     """`run` for the event loop: no thread, and cancelling the caller (or the timeout)
     terminates git's whole process group (git-remote-http included) before returning."""
+    import asyncio
+
     argv = _argv(args, git_dir)
     proc = await asyncio.create_subprocess_exec(
         "git",
@@ -224,6 +229,8 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM the group (git removes its lock files), SIGKILL what is left after a grace,
     and once the leader is gone SIGKILL the group again, so no orphaned helper
     (git-remote-http) outlives the call."""
+    import asyncio
+
     try:
         if proc.returncode is None:
             for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
