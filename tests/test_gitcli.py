@@ -37,6 +37,37 @@ def test_create_bare_is_configured_and_atomic(tmp_path: Path) -> None:
     assert gitcli.run(["rev-parse", "--is-bare-repository"], git_dir=repo).stdout.strip() == "true"
 
 
+def test_a_push_to_a_kovanex_repo_starts_no_gc_and_an_old_repo_is_given_that(
+    tmp_path: Path,
+) -> None:
+    """The agent schedules maintenance, so receive-pack must not start `gc --auto` after
+    each push (a process per push for nothing: gc.auto is 0). Seen in git's own trace."""
+    import os
+    import subprocess
+
+    def pushed_children(repo: Path, ref: str) -> str:
+        work = tmp_path / "w"
+        if not work.exists():
+            subprocess.run(["git", "init", "-q", str(work)], check=True)
+            subprocess.run(
+                ["git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q",
+                 "--allow-empty", "-m", "c"], cwd=work, check=True,
+            )  # fmt: skip
+        trace = tmp_path / f"trace-{repo.name}-{ref}"
+        env = {**os.environ, "GIT_TRACE2_EVENT": str(trace)}
+        subprocess.run(["git", "push", "-q", str(repo), f"HEAD:refs/heads/{ref}"],
+                       cwd=work, env=env, check=True)  # fmt: skip
+        return trace.read_text()
+
+    new = gitcli.create_bare(tmp_path / "new.git")
+    assert '"gc"' not in pushed_children(new, "a")
+    old = tmp_path / "old.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(old)], check=True)
+    assert '"gc"' in pushed_children(old, "a")  # git's default: the check above can fail
+    gitcli.ensure_hidden(old)  # what the agent does to every repo at start
+    assert '"gc"' not in pushed_children(old, "b")
+
+
 def test_hook_env_does_not_leak_into_another_repo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

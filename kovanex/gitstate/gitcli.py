@@ -293,6 +293,9 @@ HIDE_CONFIG = tuple(
 # write an append and grew with history. A release ref's pusher is still logged: the
 # pre-receive check starts its reflog (pushcheck.keep_pusher_log), and git appends to it.
 NO_REFLOGS = ("core.logAllRefUpdates", "false")
+# The agent schedules `git maintenance` per repo (ADR 0031), so gc --auto is a no-op
+# (gc.auto 0); receive-pack would still start it after every push (~3 ms): not at all.
+NO_AUTOGC = ("receive.autogc", "false")
 # Config every bare repo Kovanex serves gets: push options reach the hooks, objects are
 # checked on receive, and no gc racing the agent.
 BARE_CONFIG = (
@@ -300,20 +303,24 @@ BARE_CONFIG = (
     ("receive.fsckObjects", "true"),
     NO_REFLOGS,
     ("gc.auto", "0"),
+    NO_AUTOGC,
     *HIDE_CONFIG,
 )
 
 
 def ensure_hidden(path: Path | str) -> bool:
-    """Give a repo made before archiving existed its hideRefs lines, and one made before
-    ADR 0040 no reflogs for new refs (agent start); True if it lacked any. One `git
-    config` read when nothing is missing."""
-    pattern = r"\.hiderefs$|^core\.logallrefupdates$"
+    """Give a repo made before archiving existed its hideRefs lines, one made before
+    ADR 0040 no reflogs for new refs, and one made before it no gc started per push (agent
+    start); True if it lacked any. One `git config` read when nothing is missing."""
+    pattern = r"\.hiderefs$|^core\.logallrefupdates$|^receive\.autogc$"
     have = run(["config", "--get-regexp", pattern], git_dir=path, check=False).stdout
     lines = set(have.splitlines())
     missing = [(k, v) for k, v in HIDE_CONFIG if f"{k.lower()} {v}" not in lines]
     for key, val in missing:
         run(["config", "--add", key, val], git_dir=path)
+    if f"{NO_AUTOGC[0].lower()} {NO_AUTOGC[1]}" not in lines:
+        run(["config", *NO_AUTOGC], git_dir=path)
+        missing.append(NO_AUTOGC)
     if any(
         ln.startswith("core.logallrefupdates ") for ln in lines - {"core.logallrefupdates false"}
     ):
