@@ -145,8 +145,8 @@ def test_cluster_peers_see_archived_refs_over_http_clients_do_not(tmp_path: Path
 def test_agent_start_gives_old_repos_the_hide_config(tmp_path: Path) -> None:
     old = tmp_path / "old.git"
     git("init", "-q", "--bare", str(old))
-    assert gitcli.ensure_hidden(old) is True
-    assert gitcli.ensure_hidden(old) is False  # idempotent: nothing added twice
+    assert gitcli.ensure_repo_config(old) is True
+    assert gitcli.ensure_repo_config(old) is False  # idempotent: nothing added twice
     got = git("--git-dir", str(old), "config", "--get-all", "uploadpack.hideRefs").stdout
     assert got.split() == ["refs/kovanex/archive/"]
 

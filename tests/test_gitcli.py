@@ -64,7 +64,7 @@ def test_a_push_to_a_kovanex_repo_starts_no_gc_and_an_old_repo_is_given_that(
     old = tmp_path / "old.git"
     subprocess.run(["git", "init", "-q", "--bare", str(old)], check=True)
     assert '"gc"' in pushed_children(old, "a")  # git's default: the check above can fail
-    gitcli.ensure_hidden(old)  # what the agent does to every repo at start
+    gitcli.ensure_repo_config(old)  # what the agent does to every repo at start
     assert '"gc"' not in pushed_children(old, "b")
 
 

@@ -273,7 +273,7 @@ class Agent:
         self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
-            gitcli.ensure_hidden(self.repos.path(repo))  # repos made before archiving
+            gitcli.ensure_repo_config(self.repos.path(repo))  # repos made by older versions
         self.watcher.start()
         await self.control.start()
         modules.load_modules(ctx.cfg.modules)  # a bad [[modules]] fails here, clearly

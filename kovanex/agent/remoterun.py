@@ -90,9 +90,9 @@ class RemoteRuns:
             key = (value["repo"], value["task"])
             log.info("%s/%s: assigned at epoch %s while a run of it is here", repo, task_id,
                      value.get("epoch"))  # fmt: skip
-            self._pending[key] = value
-            run = self.runs.runs.get(key)
-            if run is not None and int(value.get("epoch", 0)) > run.lease.epoch:
+            run = self.runs.runs[key]
+            if int(value.get("epoch", 0)) > run.lease.epoch:  # not our own run's echo
+                self._pending[key] = value
                 asyncio.get_running_loop().create_task(self._supersede(run, value))
 
     async def _supersede(self, run: TaskRun, a: dict[str, Any]) -> None:

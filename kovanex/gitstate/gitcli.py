@@ -308,7 +308,7 @@ BARE_CONFIG = (
 )
 
 
-def ensure_hidden(path: Path | str) -> bool:
+def ensure_repo_config(path: Path | str) -> bool:
     """Give a repo made before archiving existed its hideRefs lines, one made before
     ADR 0040 no reflogs for new refs, and one made before it no gc started per push (agent
     start); True if it lacked any. One `git config` read when nothing is missing."""
