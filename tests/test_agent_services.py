@@ -182,6 +182,44 @@ def test_a_task_for_another_node_gets_an_assignment_not_a_local_run(tmp_path: Pa
     assert n.runs.runs == {}
 
 
+def test_a_placement_refused_for_an_older_term_stays_queued_and_is_placed_at_the_newer(
+    tmp_path: Path,
+) -> None:
+    """After a heal the owner's view of the lease can trail the branch: the leader requeued
+    the task at term 5 while the owner still grants term 2. The store refuses that
+    placement (StaleTerm) and the tip does not move, so the task must stay queued for the
+    next pass; it was dropped from the queue for good before (found by the partition
+    tests: a pinned task stayed `queued` after the heal)."""
+    far = node_info("n2", labels={"gpu": "yes"})
+    n = Node(tmp_path / "n1", slots=1, others=[far])
+    submit(
+        n.led, "t1", b'[placement]\nlabels = { gpu = "yes" }\n[[steps]]\nname = "a"\nrun = "true"\n'
+    )
+    led = n.led
+    term = {"Term": "2"}
+    n.sched.grant = lambda spec, repo: dict(term)
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        v = led.read("t1")  # the leader's reschedule at term 5, as the heal found it
+        led.append("t1", taskcore.place(v, "n2", {"Term": "5"}), expected_tip=v.tip, lease_epoch=2)
+        v = led.read("t1")
+        led.append("t1", taskcore.requeue(v, "the leader re-places it"), expected_tip=v.tip,
+                   lease_epoch=v.epoch)  # fmt: skip
+        await n.sched.reconcile_task("r", "t1")
+        tip = led.tip("t1")
+        await n.sched.schedule_pending()
+        assert led.tip("t1") == tip  # refused: nothing written
+        assert ("r", "t1") in n.sched.pending
+        term["Term"] = "5"  # the owner read the lease
+        await n.sched.schedule_pending()
+
+    asyncio.run(go())
+    view = led.read("t1")
+    assert (view.state, view.node) == ("placed", "n2")
+    assert led.newest_term(view.tip) == 5
+
+
 def test_a_restarted_owner_fences_its_own_old_lease_and_resumes_after_the_last_step(
     node: Node,
 ) -> None:

@@ -124,6 +124,14 @@ def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_pa
             "NATS's meta group to count all three servers",
         )
         assert st["cluster_size"] == 3 and st["quorum"] == 2 and st["status"] == "healthy"
+        # the lease's KV stream shows its own replication (a cut before it is current can
+        # cost writes, ADR 0045)
+        kv = wait_for(
+            lambda: (k := status(nodes[0])["backend"].get("kv")) and k["current"] == 3 and k,
+            30,
+            "the KV stream current on all three servers",
+        )
+        assert kv["replicas"] == 3 and kv["leader"] in {n.name for n in nodes}
         assert [n["role"] for n in st["nodes"]].count("leader") == 1
         assert st["backend"]["name"] == "nats"
         assert "waiting" not in first.kx("status").stdout

@@ -123,6 +123,56 @@ def test_a_follower_takes_over_only_after_the_revision_stood_still_for_a_ttl() -
     assert BecameLeader(12) in eff and s.term == 12
 
 
+def test_after_the_backend_lost_writes_a_lease_below_the_floor_is_void_and_taken_over() -> None:
+    """ADR 0045: a JetStream stream lost the writes up to revision 60 (term 52's lease). A
+    node that knew term 52 learns from a refused CAS that the key is back at revision 45,
+    held at term 40: it takes the key over at once at term 53, and the old-term holder
+    loses at its next renewal. Without the rule the node ignored revision 45 as stale and
+    retried a CAS at 60 forever: no leader was agreed again."""
+    clock = FakeClock()
+    s = LeaderState("n2", CFG, since=clock.monotonic())
+    s, _ = decide(s, KeySeen(60, Lease("n4", 52)), clock.monotonic())
+    s, _ = decide(s, KeySeen(45, Lease("n1", 40)), clock.monotonic())
+    assert (s.key_rev, s.term, s.leader) == (60, 52, "n4")  # a read may be stale: ignored
+    clock.advance(3.0)
+    s, eff = decide(s, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 0), 60) in eff
+    s, eff = decide(
+        s, CasDone("acquire", clock.monotonic(), False, 45, Lease("n1", 40)), clock.monotonic()
+    )
+    assert (s.key_rev, s.term, s.key_void) == (45, 52, True)
+    clock.advance(0.5)  # retries are spaced by renew_s; no TTL wait for a void lease
+    s, eff = decide(s, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 53), 45) in eff
+    s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 46), clock.monotonic())
+    assert BecameLeader(53) in eff
+    assert (s.term, s.leader, s.key_rev, leads(s, clock.monotonic())) == (53, "n2", 46, True)
+    # the old-term holder's renewal is refused and it follows term 53
+    old = _leader(clock, "n1", 40)
+    clock.advance(0.5)
+    old, _ = decide(old, Tick(), clock.monotonic())
+    old, eff = decide(
+        old, CasDone("renew", clock.monotonic(), False, 46, Lease("n2", 53)), clock.monotonic()
+    )
+    assert LostLeadership(40, "the lease moved to n2") in eff
+    assert (old.leader, old.term, old.key_void) == ("n2", 53, False)
+
+
+def test_an_acquire_that_wins_below_the_floor_leads_nobody_and_asks_above_it() -> None:
+    """The backend went back under the acquirer itself: a win at revision 45 while term 52
+    is known would be refused by every fenced store, so it re-asks at term 53."""
+    clock = FakeClock()
+    s = LeaderState("n2", CFG, since=clock.monotonic())
+    s, _ = decide(s, KeySeen(60, Lease("n4", 52)), clock.monotonic())
+    clock.advance(3.0)
+    s, eff = decide(s, Tick(), clock.monotonic())
+    s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 45), clock.monotonic())
+    assert not any(isinstance(e, BecameLeader) for e in eff) and not s.is_leader
+    clock.advance(0.5)
+    s, eff = decide(s, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 53), 45) in eff
+
+
 def test_a_renewal_seen_resets_the_followers_clock_and_a_lost_race_is_adopted() -> None:
     clock = FakeClock()
     s = LeaderState("n2", CFG, since=clock.monotonic())

@@ -26,12 +26,10 @@ poll. Pushes run inside the pusher's namespace, so the hooks reach that node's a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,20 +116,12 @@ class NsNode(Node):
         return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
 
 
-def kv_replicas(n: NsNode) -> int:
-    """Replicas of the lease's KV stream, from NATS's monitor (inside n's namespace)."""
-    cfg = tomllib.loads((n.data / "kovanex.toml").read_text())
-    host = cfg["gossip"]["bind"].rpartition(":")[0]
-    url = f"http://{host}:{cfg['coordination']['monitor_port']}/jsz?streams=true&config=true"
-    code = (
-        f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
-    )
-    p = subprocess.run([*n.prefix, sys.executable, "-c", code], capture_output=True, text=True)
-    for acct in json.loads(p.stdout).get("account_details", []):
-        for st in acct.get("stream_detail", []):
-            if st["name"] == "KV_kovanex":
-                return int(st["config"]["num_replicas"])
-    return 0
+def kv_replicated(n: NsNode) -> bool:
+    """The lease's KV stream has a replica on every server and each holds its whole log.
+    A cut while a new replica still catches up lost the majority's writes (NATS 2.15: the
+    term went back from 52 to 40 after the heal; ADR 0045)."""
+    kv = n.view()["backend"].get("kv") or {}
+    return kv.get("replicas") == N and kv.get("current") == N
 
 
 @dataclass
@@ -151,6 +141,11 @@ class Cluster:
 def view_of(n: Node) -> dict[str, Any]:
     assert isinstance(n, NsNode)
     return n.view()
+
+
+def members_of(n: NsNode) -> set[str]:
+    """The members n's gossip calls alive (what `kovanex members` lists as alive)."""
+    return {m["name"] for m in n.ctl("members") if m["status"] == "alive"}
 
 
 def leaders(nodes: list[NsNode]) -> dict[str, int]:
@@ -367,8 +362,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             n.start("--join", gossip_addr(nodes[0]))
         wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
         # the lease's KV bucket grows to 5 replicas as servers join; cut before that, and a
-        # 2 | 3 split can leave the majority without a quorum of the stream (ADR 0026)
-        wait_for(lambda: kv_replicas(nodes[0]) == N, within(10), "the KV bucket on all five")
+        # 2 | 3 split can leave the majority without a quorum of the stream (ADR 0026), or
+        # cost it writes if a new replica has not caught up yet (ADR 0045)
+        wait_for(lambda: kv_replicated(nodes[0]), within(20), "the KV bucket current on all five")
         yield Cluster(net, nodes, root)
     finally:
         for n in nodes:
@@ -465,6 +461,10 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
     for repo, pay in ((bank, "pay-2"), (fund, "pay-g")):
         assert not placements(owner, repo, pay) and owner.task(pay)["state"] == "queued"
 
+    # the owner comes back first, so the leader has no reason to move `bank` (coming back
+    # after its replica is the scenario below: the leader grants the repo at the heal)
+    c.net.heal(other)
+    wait_for(lambda: owner.name in members_of(nodes[majority[0]]), within(20), "owner back")
     c.net.heal()
     # one leader everywhere: the majority's, or a later one (a NATS stream-leader move at
     # the heal can cost it a renewal), never one from before the partition
@@ -485,6 +485,51 @@ def test_split_2_3_with_the_leader_in_the_minority(cluster: Cluster) -> None:
     # pay-1 ran its waiting step twice: before the halt, and resumed after the heal
     assert len((x / "pay-1.starts").read_text().split()) == 2
     assert [s["state"] for s in owner.task("pay-1")["steps"]] == ["ok", "ok"]
+
+
+def test_a_repo_granted_to_its_replica_as_the_partition_heals(cluster: Cluster) -> None:
+    """The leader and the owner of a repo whose only replica is the leader are cut off.
+    The old leader comes back first; while the owner still looks gone, the new leader
+    grants the repo to it. When the owner is back: its run of the split_brain_allowed
+    task is handed to the new owner and placed again, the consistent task it halted is
+    placed again at the new term, and both finish there. Each of those three steps hung
+    before (ADR 0045: the lease term read after the heal, a placement refused for an
+    older term kept queued, a demoted owner's runs handed over)."""
+    c, nodes = cluster, cluster.nodes
+    leader, _ = wait_for(lambda: agreed(nodes, view_of), within(10), "agreement")
+    li = next(i for i, n in enumerate(nodes) if n.name == leader)
+    oi = next(i for i in range(N) if i != li)
+    majority = [i for i in range(N) if i not in (li, oi)]
+    owner, old_leader = nodes[oi], nodes[li]
+    repo = repo_named("ledger", owner.name, {leader})
+    x = exchange_dir()
+    owner.kx("repo", "create", repo)
+    run_pair(c, owner, repo, "pay-h", "web-h", x)
+
+    def placed() -> bool:
+        reps = owner.ctl("repo.status", name=repo)["replicas"]
+        return set(reps) == {leader} and all(v["refs_behind"] == 0 for v in reps.values())
+
+    wait_for(placed, within(10), f"{repo}'s replica on {leader}, caught up")
+    ack_branches(c, owner, repo)
+    cut_at = time.time()
+    c.net.cut(li, oi)
+    majority_leads(c, majority, [li, oi])
+    halts_in_time(owner, repo, "pay-h", cut_at)
+    ack_branches(c, owner, repo, "refs/heads/task/web-h")
+    c.net.heal(li)
+
+    def granted() -> bool:
+        rec = next((r for r in old_leader.ctl("repo.describe") if r["repo"] == repo), {})
+        return rec.get("owner") == leader and rec.get("role") == "owner"
+
+    wait_for(granted, within(30), f"{repo} granted to {leader} while {owner.name} is away")
+    c.net.heal()
+    (x / "release").write_text("go")
+    assert one_owner_each(c)[repo] is old_leader
+    c.deposed.append((owner, repo, ("pay-h", "web-h")))
+    c.done += [(repo, "pay-h"), (repo, "web-h")]
+    healed(c)
 
 
 def test_the_owner_of_a_sync_repo_isolated(cluster: Cluster) -> None:

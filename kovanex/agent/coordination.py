@@ -139,6 +139,9 @@ class NatsCoordination:
         self.nc: Any = None
         self.heartbeats: dict[str, tuple[dict[str, Any], float]] = {}
         self.jsz: dict[str, Any] | None = None
+        # the KV stream's own replication: {replicas, current, leader}; a cut while new
+        # replicas still catch up can cost writes (ADR 0045), so `cluster status` shows it
+        self.kv_replication: dict[str, Any] | None = None
         self.wake = asyncio.Event()
         self.wake_at = 0.0
         self.tasks: list[asyncio.Task[Any]] = []
@@ -259,6 +262,7 @@ class NatsCoordination:
         try:
             js = self.nc.jetstream(timeout=1.0)
             info = await js.stream_info(f"KV_{BUCKET}")
+            self.kv_replication = _replication(info)
             want = min(MAX_REPLICAS, len(self._peers()))
             if info.config.num_replicas < want:
                 info.config.num_replicas = want
@@ -291,6 +295,22 @@ class NatsCoordination:
         except Exception as e:  # noqa: BLE001 - counts as no answer; asked again
             log.warning("state sync failed: %s", e)
             replied, known = 0, 2
+        # the lease as it is now, before anything is placed: the first write through the
+        # quorum can beat the read loop by seconds, and a grant at the term we knew before
+        # the cut is refused by every branch the new leader wrote to (StaleTerm)
+        for delay in (0.2, 0.5, 1.0, 0.0):  # reads can fail for a moment after a heal
+            try:
+                rev, lease = await self._read_leader(strict=True)
+            except Exception as e:  # noqa: BLE001 - unreachable yet
+                if not delay:
+                    log.info("the lease is unreadable after the heal (%s); syncing again", e)
+                    replied = 0  # not synced: the gate asks again
+                    break
+                await asyncio.sleep(delay)
+                continue
+            if rev:
+                self._apply(core.KeySeen(rev, lease))
+            break
         was = self.gate
         self.gate = rejoin.synced(self.gate, asked, replied, known)
         if was.lost and not self.gate.lost:
@@ -339,10 +359,18 @@ class NatsCoordination:
         self._apply(ev)
         self.wake.set()
 
-    async def _read_leader(self) -> tuple[int, core.Lease | None]:
+    async def _read_leader(self, strict: bool = False) -> tuple[int, core.Lease | None]:
+        """(revision, lease) of the leader key; (0, None) when it is absent, or unreachable
+        unless `strict` (then that raises)."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
         try:
             entry = await self.kv.get(LEADER_KEY)
-        except Exception:  # noqa: BLE001 - absent (deleted) or unreachable
+        except (KeyNotFoundError, KeyDeletedError):  # absent, deleted or purged
+            return 0, None
+        except Exception:  # noqa: BLE001 - unreachable
+            if strict:
+                raise
             return 0, None
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return int(entry.revision or 0), None
@@ -440,6 +468,8 @@ class NatsCoordination:
             )
         status = "healthy" if quorum and held else ("electing" if quorum else "no-quorum")
         backend: dict[str, Any] = {"name": "nats", "servers": servers}
+        if self.kv_replication is not None:
+            backend["kv"] = self.kv_replication
         if self.jsz is not None:
             backend["jsz"] = {k: self.jsz.get(k) for k in ("meta_cluster", "streams", "config")}
         return {
@@ -451,6 +481,20 @@ class NatsCoordination:
             "nodes": rows,
             "backend": backend,
         }
+
+
+def _replication(info: Any) -> dict[str, Any]:
+    """How many of the KV stream's replicas hold its whole log (the leader counts)."""
+    cl = info.cluster
+    peers = (cl.replicas or []) if cl is not None else []
+    current = (1 if cl is not None and cl.leader else 0) + sum(
+        1 for p in peers if p.current and not p.offline
+    )
+    return {
+        "replicas": int(info.config.num_replicas or 1),
+        "current": current,
+        "leader": cl.leader if cl is not None else None,
+    }
 
 
 async def _lone() -> tuple[int, int]:

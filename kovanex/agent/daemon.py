@@ -162,6 +162,7 @@ class Agent:
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
         self.runs.on_finished = self._ran
+        self.replicas.ownership.on_demoted = self.remote.demoted
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract

@@ -48,6 +48,8 @@ class TaskRun:
         self.ctx = table.ctx
         self.lease = lease
         self.cancel = asyncio.Event()
+        self.ended = asyncio.Event()  # set once the run is out of the table
+        self.crashed = False  # ended by an unexpected error (a remote run retries: RemoteRuns)
         self.why = ""
         self.key = (lease.repo, lease.task_id)
         self.remote = remote
@@ -78,6 +80,7 @@ class TaskRun:
             if self.remote is not None:
                 await self._hand_back()
         except Exception:
+            self.crashed = True
             log.exception("%s/%s: run crashed; it resumes on the next reconcile", *self.key)
         finally:
             self._forget_pid()
@@ -89,6 +92,7 @@ class TaskRun:
                 except Exception:  # noqa: BLE001 - a leftover worktree is replaced next time
                     log.debug("worktree cleanup failed", exc_info=True)
             self.table.finished(self)
+            self.ended.set()
 
     async def _hand_back(self) -> None:
         """A remote run that stops while its lease is still current (e.g. the owner was

@@ -59,6 +59,8 @@ class OwnershipService:
         # wired with coordination on: the leader decides this repo (ADR 0036), so no
         # replica takes it over by the gossip rule
         self.leader_decides: Callable[[str], bool] = lambda repo: False
+        # wired: our runs of a repo we just lost go back to its new owner (RemoteRuns)
+        self.on_demoted: Callable[[str, str], None] = lambda repo, owner: None
 
     # -- publishing ----------------------------------------------------------------------
     def publish(self, repo: str) -> None:
@@ -181,6 +183,7 @@ class OwnershipService:
                     self.rt.known[repo] = eff.theirs
                     self.lag.forget(repo)
                     self.fetcher.resync_from(repo, eff.mine.epoch)
+                    self.on_demoted(repo, eff.theirs.owner)
                 elif isinstance(eff, decider.Adopt):
                     self.rt.known[repo] = eff.ownership
                     if eff.resync_from is not None:

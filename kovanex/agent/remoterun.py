@@ -25,6 +25,8 @@ from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.agent")
 ASSIGN = "assign"  # gossip topic: an owner placed one of its tasks on a node
+REDELIVER_S = 2.0  # after a remote run crashed, before its assignment is tried again
+HAND_OVER_S = 30.0  # a demoted owner's run stops within this, or the owner's deadline acts
 
 
 class RemoteRuns:
@@ -115,6 +117,43 @@ class RemoteRuns:
         value = self._pending.pop((repo, task_id), None)
         if value is not None and (repo, task_id) not in self.runs.runs:
             asyncio.get_running_loop().create_task(self._start(value))
+            return
+        watched = self._watched.get((repo, task_id))
+        if watched is not None and watched[0].crashed:
+            # e.g. the owner unreachable for a moment just after a heal: nothing on the
+            # owner's side re-places a lease whose holder is alive, so deliver it again
+            asyncio.get_running_loop().create_task(self._redeliver((repo, task_id)))
+
+    async def _redeliver(self, key: tuple[str, str]) -> None:
+        await asyncio.sleep(REDELIVER_S)
+        value = self.gossip.get(ASSIGN, f"{key[0]}/{key[1]}")
+        if isinstance(value, dict) and value.get("node") == self.ctx.name:
+            if key not in self.runs.runs:
+                log.info("%s/%s: its run crashed; starting it again", *key)
+                await self._start(value)  # a lease still `running` is handed back there
+
+    def demoted(self, repo: str, owner: str) -> None:
+        """We lost `repo` to `owner` while running some of its tasks as their owner. Those
+        runs write to our copy, which follows the new owner now, so nothing they commit
+        would reach it, and the new owner sees a live holder and re-places nothing. Stand
+        each down and hand its lease back; the owner places it again (here, if it is
+        pinned here), and it resumes after its last finished step."""
+        for key, run in sorted(self.runs.runs.items()):
+            if key[0] == repo and run.remote is None:
+                asyncio.get_running_loop().create_task(self._hand_over(run, owner))
+
+    async def _hand_over(self, run: TaskRun, owner: str) -> None:
+        why = f"{run.lease.repo} moved to {owner} while this ran on its old owner"
+        run.stand_down(why)
+        try:
+            await asyncio.wait_for(run.ended.wait(), HAND_OVER_S)
+        except TimeoutError:
+            log.warning("%s/%s: did not stop; the owner's deadline is the backstop", *run.key)
+            return
+        for delay in (1.0, 3.0, 0.0):  # our copy may not know the new owner's address yet
+            if await self.hand_back(run.lease.repo, run.lease.task_id, run.lease.epoch, why):
+                return
+            await asyncio.sleep(delay)
 
     def recheck(self) -> None:
         """Deliver again the assignments to us that are not running: one that came while our

@@ -34,7 +34,7 @@ from kovanex.core.effects import (
 from kovanex.gitstate import tipscan
 from kovanex.gitstate.ledger import Lease, NoSuchTask, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
-from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.gitstate.store import CasConflict, StaleEpoch, StaleTerm
 from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
 
 log = logging.getLogger("kovanex.agent")
@@ -282,6 +282,12 @@ class TaskScheduler:
                         expected_tip=e.expected_tip,
                         lease_epoch=e.transition.epoch,
                     )
+                except StaleTerm as err:
+                    # our term was behind the branch's (a heal, before our view of the lease
+                    # caught up): the tip did not move, so nothing else would queue it again
+                    log.info("%s/%s: %s; placing it again at the next pass", *key, err)
+                    self._observe(repo, ledger.read(e.task_id))
+                    return False
                 except (CasConflict, StaleEpoch):
                     self.kick(repo)  # someone else moved it: re-read on the next pass
                     return False

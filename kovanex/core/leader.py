@@ -27,6 +27,11 @@ The rules:
   our own clock since we first saw it, `update(last=that rev)`. CAS decides the race.
   The term is the revision of the winning write (the value carries `term=0` for "this
   write's revision"; renewals carry the term itself).
+- Void: a refused CAS is the backend's answer now, so it is believed even when its
+  revision is below what we knew (the stream lost writes: seen with a JetStream scale-up
+  racing a partition). A lease whose term is below our floor is void: we take the key over
+  at once with an explicit term of floor + 1, so terms only grow and one leader is agreed
+  again (ADR 0045).
 - Renew every `renew_s` with `update(last=our rev)`. The lease holds until the *send*
   time of the last successful renewal + `ttl_s`. A follower waits `ttl_s` from when it
   *saw* that revision, which is after it was sent, so the old leader has stopped leading
@@ -100,7 +105,8 @@ class LeaderState:
     term:       highest term known (the fencing floor); `leader` its holder (None: unknown).
     key_rev:    the leader key's latest revision we know (the `last` of our next CAS);
                 `key_seen_at` when we first saw it (a follower's TTL clock);
-                `key_absent` the key does not exist (create, not update).
+                `key_absent` the key does not exist (create, not update); `key_void` it holds
+                a lease older than our floor (take it over at once, `asked_term` floor + 1).
     lease_until: while leader, send time of the last good renewal + ttl.
     last_renew, last_acquire, last_heartbeat: when we last sent each (retries are spaced
                 by `renew_s`: "no responders" comes back at once and must not spin).
@@ -118,6 +124,8 @@ class LeaderState:
     key_rev: int = 0
     key_seen_at: float | None = None
     key_absent: bool = True
+    key_void: bool = False
+    asked_term: int = 0
     lease_until: float = 0.0
     last_renew: float = 0.0
     last_acquire: float | None = None
@@ -276,19 +284,23 @@ def _on_result(s: LeaderState, ev: CasDone, now: float, out: list[Effect]) -> Le
     if ev.ok:
         s = replace(s, quorum_at=max(s.quorum_at or ev.sent_at, ev.sent_at))
     if ev.op == "heartbeat" or not ev.ok:
-        return s if ev.ok else _observe(s, ev.rev, ev.lease, now, out)
+        return s if ev.ok else _observe(s, ev.rev, ev.lease, now, out, refused=True)
     if ev.op == "acquire":
-        out.append(BecameLeader(ev.rev))
-        if s.is_leader and s.term != ev.rev:
+        term = s.asked_term or ev.rev
+        if term <= s.term and not s.is_leader:  # the backend went back under us: void
+            return replace(s, key_rev=ev.rev, key_seen_at=now, key_absent=False, key_void=True)
+        out.append(BecameLeader(term))
+        if s.is_leader and s.term != term:
             out.insert(0, LostLeadership(s.term, "re-acquired at a new term"))
         return replace(
             s,
-            term=ev.rev,
+            term=term,
             leader=s.me,
             is_leader=True,
             key_rev=ev.rev,
             key_seen_at=now,
             key_absent=False,
+            key_void=False,
             lease_until=ev.sent_at + s.config.ttl_s,
             last_renew=ev.sent_at,
         )
@@ -310,13 +322,23 @@ def _on_result(s: LeaderState, ev: CasDone, now: float, out: list[Effect]) -> Le
 
 
 def _observe(
-    s: LeaderState, rev: int, lease: Lease | None, now: float, out: list[Effect]
+    s: LeaderState,
+    rev: int,
+    lease: Lease | None,
+    now: float,
+    out: list[Effect],
+    *,
+    refused: bool = False,
 ) -> LeaderState:
-    """A revision of the leader key (from a refused CAS or a watch). Older ones are stale."""
-    if rev < s.key_rev or (rev == s.key_rev and rev != 0):
+    """A revision of the leader key (from a refused CAS or a watch). Older ones are stale,
+    unless a refused CAS reports them: that is the backend now (it lost writes)."""
+    if rev < s.key_rev and refused:
+        pass
+    elif rev < s.key_rev or (rev == s.key_rev and rev != 0):
         return s
     term = (lease.term or rev) if lease is not None else s.term
     holder = lease.holder if lease is not None else None
+    void = lease is not None and term < s.term
     if s.is_leader and (holder != s.me or term != s.term):
         out.append(LostLeadership(s.term, f"the lease moved to {holder or 'nobody'}"))
         s = replace(s, is_leader=False, lease_until=0.0)
@@ -327,6 +349,7 @@ def _observe(
         key_rev=rev,
         key_seen_at=now,
         key_absent=lease is None,
+        key_void=void,
     )
 
 
@@ -359,15 +382,16 @@ def _timers(s: LeaderState, now: float, out: list[Effect]) -> LeaderState:
             s = replace(s, last_renew=now)
     elif "acquire" not in pend and _vacant(s, now):
         if s.last_acquire is None or now >= s.last_acquire + cfg.renew_s:
-            out.append(Acquire(Lease(s.me, 0), 0 if s.key_absent else s.key_rev))
+            asked = s.term + 1 if s.key_void else 0
+            out.append(Acquire(Lease(s.me, asked), 0 if s.key_absent else s.key_rev))
             pend["acquire"] = now
-            s = replace(s, last_acquire=now)
+            s = replace(s, last_acquire=now, asked_term=asked)
     return replace(s, pending=pend)
 
 
 def _vacant(s: LeaderState, now: float) -> bool:
-    """The key is absent, or its revision has not moved for a TTL of our clock."""
-    if s.key_absent:
+    """The key is absent or void, or its revision has not moved for a TTL of our clock."""
+    if s.key_absent or s.key_void:
         return True
     return s.key_seen_at is not None and now >= s.key_seen_at + s.config.ttl_s
 
@@ -377,7 +401,11 @@ def _next_wake(s: LeaderState, now: float) -> float:
     times = [(s.last_heartbeat or now) + cfg.renew_s]
     if s.is_leader:
         times += [s.last_renew + cfg.renew_s, s.lease_until]
-    elif s.key_absent or (s.key_seen_at is not None and now >= s.key_seen_at + cfg.ttl_s):
+    elif (
+        s.key_absent
+        or s.key_void
+        or (s.key_seen_at is not None and now >= s.key_seen_at + cfg.ttl_s)
+    ):
         times.append((s.last_acquire or now) + cfg.renew_s)
     elif s.key_seen_at is not None:
         times.append(s.key_seen_at + cfg.ttl_s)
