@@ -186,3 +186,53 @@ def test_a_big_archive_pass_runs_in_a_child_process(tmp_path: Path) -> None:
     assert sorted(live) == [f"refs/heads/task/new{i}" for i in range(3)]
     assert len(gitcli.for_each_ref(repo, "refs/kovanex/archive/")) == n
     fsck(repo)
+
+
+def test_the_ref_watcher_is_paused_while_upkeep_rewrites_refs_and_watches_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 11: `pack-refs` deletes every loose ref and the archive moves every finished
+    task's, and each of those watcher events was a task read and an API event (~60 MB of
+    RSS kept at 10,000 tasks). Upkeep pauses the repo's watch for them (nothing of them
+    reaches the agent) and watches it again afterwards (a later move is seen)."""
+    import time
+
+    from kovanex.agent.watcher import RefWatcher
+
+    clock = FakeClock(wall=time.time())
+    svc, _, repo = service(tmp_path, clock)
+    seed(repo, 40, prefix="old", age_s=30 * DAY)
+    seed(repo, 40, prefix="new", age_s=0)
+    loose = list((repo / "refs" / "heads" / "task").iterdir())
+    assert len(loose) == 80  # fast-import left loose refs: pack-refs deletes all of them
+    seen: list[tuple[str, str | None]] = []
+
+    async def go() -> None:
+        w = RefWatcher(repo.parent, asyncio.get_running_loop(), lambda r, t: seen.append((r, t)))
+        w.watch(repo)
+        w.start()
+        try:
+            paused: list[str] = []
+
+            def quiet(r: str) -> None:
+                paused.append(r)
+                w.pause(svc.repos.path(r))
+
+            svc.quiet = quiet
+            svc.loud = lambda r: w.watch(svc.repos.path(r))
+            assert await svc.run_due() == 2
+            assert paused == ["r", "r"]  # the archive, then pack-refs
+            assert not list((repo / "refs" / "heads" / "task").iterdir())  # all packed
+            # watchdog delivers from its thread: a write after the jobs shows it watches
+            gitcli.run(["update-ref", "refs/heads/task/after", "refs/heads/task/new0"],
+                       git_dir=repo)  # fmt: skip
+            deadline = time.monotonic() + 10
+            while ("r", "after") not in seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            w.stop()
+
+    asyncio.run(go())
+    assert ("r", "after") in seen, seen
+    tasks = {t for _, t in seen if t}
+    assert tasks == {"after"}, f"events from upkeep's own ref rewrites: {sorted(tasks)[:5]}"

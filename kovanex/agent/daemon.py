@@ -163,6 +163,8 @@ class Agent:
         self.runs.on_tip = self.scheduler.saw_tip
         self.runs.on_finished = self._ran
         self.replicas.ownership.on_demoted = self.remote.demoted
+        self.upkeep.quiet = self._unwatch
+        self.upkeep.loud = self._rewatch
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract
@@ -215,6 +217,21 @@ class Agent:
     def watch(self, repo: str) -> None:
         if self.watcher is not None:
             self.watcher.watch(self.repos.path(repo))
+
+    def _unwatch(self, repo: str) -> None:
+        if self.watcher is not None:
+            self.watcher.pause(self.repos.path(repo))
+
+    def _rewatch(self, repo: str) -> None:
+        """After the agent's own bulk ref rewrite: watch again, and read the repo once
+        (anything another hand moved meanwhile, and the replicas' announcement). The API's
+        task events came from the watcher too: the tasks in flight are looked at again
+        (it publishes only those whose state moved)."""
+        self.watch(repo)
+        self.dispatcher.changed(repo)
+        for r, task_id in sorted(self.scheduler.active):
+            if r == repo:
+                self.api.ref_moved(repo, task_id)
 
     def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
         self.dispatcher.ref_moved(repo, task_id)

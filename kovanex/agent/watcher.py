@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -85,7 +86,7 @@ class RefWatcher:
     ) -> None:
         self.repos_dir = repos_dir
         self.observer = Observer()
-        self._watched: set[str] = set()
+        self._watched: dict[str, list[Any]] = {}  # repo dir -> its watchdog watches
 
         def notify(repo: str, task: str | None) -> None:
             loop.call_soon_threadsafe(on_change, repo, task)
@@ -96,16 +97,28 @@ class RefWatcher:
         """Watch refs/ recursively and the repo root (for packed-refs), not objects/."""
         if str(repo_dir) in self._watched:
             return
-        self._watched.add(str(repo_dir))
         (repo_dir / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
         # Only write-side events reach us: our own ref reads would otherwise flood the
         # watchdog threads with opened/closed_no_write events.
-        self.observer.schedule(
-            self.handler, str(repo_dir / "refs"), recursive=True, event_filter=WRITE_FILTER
-        )
-        self.observer.schedule(
-            self.handler, str(repo_dir), recursive=False, event_filter=WRITE_FILTER
-        )
+        self._watched[str(repo_dir)] = [
+            self.observer.schedule(
+                self.handler, str(repo_dir / "refs"), recursive=True, event_filter=WRITE_FILTER
+            ),
+            self.observer.schedule(
+                self.handler, str(repo_dir), recursive=False, event_filter=WRITE_FILTER
+            ),
+        ]
+
+    def pause(self, repo_dir: Path) -> None:
+        """Stop watching a repo while the agent itself rewrites many of its refs (the
+        archive, and `pack-refs`, which deletes every loose ref): each of those events was a
+        task read and an API event, and at 10,000 tasks that cost the agent ~60 MB of RSS
+        for good (issue 11). The caller watches it again and has the repo read once."""
+        for w in self._watched.pop(str(repo_dir), []):
+            try:
+                self.observer.unschedule(w)
+            except KeyError:  # already gone (the directory was removed)
+                pass
 
     def start(self) -> None:
         self.observer.start()
