@@ -360,7 +360,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         nodes[0].start()
         for n in nodes[1:]:
             n.start("--join", gossip_addr(nodes[0]))
-        wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
+        try:
+            wait_for(lambda: agreed(nodes, view_of), within(20), "one leader agreed by all five")
+        except AssertionError as e:  # say why: each agent's coordination lines
+            lines = [f"{n.name}: {ln}" for n in nodes for ln in n.log().splitlines()
+                     if "kovanex.coordination" in ln]  # fmt: skip
+            raise AssertionError(f"{e}\n" + "\n".join(lines[-60:])) from e
         # the lease's KV bucket grows to 5 replicas as servers join; cut before that, and a
         # 2 | 3 split can leave the majority without a quorum of the stream (ADR 0026), or
         # cost it writes if a new replica has not caught up yet (ADR 0045)

@@ -37,6 +37,7 @@ RUNS_NATS = ("full", "server")
 # on 5 servers a 2 | 3 split can leave 2 of the 3 replicas on the minority side, and the
 # majority could then elect nobody (found by tests/test_partition_nats.py).
 MAX_REPLICAS = 5
+BUCKET_WARN_S = 15.0  # no bucket for this long: the reason goes to the log, not just debug
 Members = Callable[[], list[dict[str, Any]]]
 
 
@@ -243,6 +244,8 @@ class NatsCoordination:
     async def _bucket(self, js: Any) -> Any:
         """Create or bind the bucket; on a fresh cluster the first create can go unanswered,
         so retry until a quorum answers."""
+        since = self.ctx.clock.monotonic()
+        told = since
         while True:
             try:
                 return await js.key_value(BUCKET)
@@ -252,7 +255,13 @@ class NatsCoordination:
                 n = min(MAX_REPLICAS, len(self._peers()))
                 return await js.create_key_value(bucket=BUCKET, history=1, replicas=max(1, n))
             except Exception as e:  # noqa: BLE001
-                log.debug("bucket not ready: %s", e)
+                now = self.ctx.clock.monotonic()
+                if now - told >= BUCKET_WARN_S:  # a quorum forms in seconds: say why not
+                    told = now
+                    log.warning("no KV bucket after %.0fs (%d server(s) known): %r",
+                                now - since, len(self._peers()), e)  # fmt: skip
+                else:
+                    log.debug("bucket not ready: %s", e)
                 await asyncio.sleep(0.5)
 
     async def _grow_bucket(self) -> None:

@@ -9,6 +9,7 @@ polling the owner."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Any
 
@@ -26,6 +27,7 @@ from kovanex.net.gossip import GossipNode
 log = logging.getLogger("kovanex.agent")
 ASSIGN = "assign"  # gossip topic: an owner placed one of its tasks on a node
 REDELIVER_S = 2.0  # after a remote run crashed, before its assignment is tried again
+REDELIVER_MAX = 3  # crashes of a task's runs here retried here; then it goes back to its owner
 HAND_OVER_S = 30.0  # a demoted owner's run stops within this, or the owner's deadline acts
 
 
@@ -50,6 +52,7 @@ class RemoteRuns:
         # assignments to us that came while an older run of the task was here (our own
         # run as a deposed owner): started once that run ends (`ran`)
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
+        self._crashes: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def start(self) -> None:
         self.gossip.subscribe(ASSIGN, self._on_assign)
@@ -120,6 +123,12 @@ class RemoteRuns:
             return
         watched = self._watched.get((repo, task_id))
         if watched is not None and watched[0].crashed:
+            self._crashes[(repo, task_id)] += 1
+            if self._crashes[(repo, task_id)] > REDELIVER_MAX:
+                why = f"its runs on {self.ctx.name} crashed {REDELIVER_MAX} times"
+                epoch = watched[0].lease.epoch
+                asyncio.get_running_loop().create_task(self.hand_back(repo, task_id, epoch, why))
+                return
             # e.g. the owner unreachable for a moment just after a heal: nothing on the
             # owner's side re-places a lease whose holder is alive, so deliver it again
             asyncio.get_running_loop().create_task(self._redeliver((repo, task_id)))
