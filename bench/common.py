@@ -52,6 +52,16 @@ def sh(*cmd: str, cwd: Path | None = None) -> str:
     return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
+def task_clone(work: Path, spec: str) -> Path:
+    """A user's clone holding one commit with `.kovanex/task.toml`: what a task push sends."""
+    sh("git", "init", "-q", str(work))
+    (work / ".kovanex").mkdir()
+    (work / ".kovanex" / "task.toml").write_text(spec)
+    sh("git", "add", "-A", cwd=work)
+    sh("git", "commit", "-q", "-m", "t", cwd=work)
+    return work
+
+
 def kx(data: Path, *args: str) -> str:
     return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
 

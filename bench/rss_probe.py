@@ -20,7 +20,17 @@ from pathlib import Path
 import psutil
 import pygit2
 
-from bench.common import install_cleanup, kx, md_table, sandbox, sh, start_agent, stop, wait
+from bench.common import (
+    install_cleanup,
+    kx,
+    md_table,
+    sandbox,
+    sh,
+    start_agent,
+    stop,
+    task_clone,
+    wait,
+)
 from bench.seed import seed
 
 SPEC = '[[steps]]\nname = "s"\nrun = "true"\n'
@@ -55,11 +65,7 @@ def measure(tmp: Path, label: str, tasks: int, archive_after: str, pushes: int) 
     wait(lambda: not psutil.Process(agent.pid).children(recursive=True), 60)
     upkept = own_memory(agent.pid)
     work = tmp / f"w-{label}"
-    sh("git", "init", "-q", str(work))
-    (work / ".kovanex").mkdir()
-    (work / ".kovanex" / "task.toml").write_text(SPEC)
-    sh("git", "add", "-A", cwd=work)
-    sh("git", "commit", "-q", "-m", "t", cwd=work)
+    task_clone(work, SPEC)
     pg = pygit2.Repository(str(repo))
 
     def succeeded(i: int) -> bool:

@@ -42,6 +42,7 @@ from bench.common import (
     sh,
     start_agent,
     stop,
+    task_clone,
     wait,
 )
 from bench.seed import seed
@@ -90,11 +91,7 @@ def measure(tmp: Path, n: int, pushes: int) -> dict[str, float]:
     wait(lambda: status(data).get("upkeep_runs", 2) >= 2, 600)
 
     work = tmp / f"w{n}"
-    sh("git", "init", "-q", str(work))
-    (work / ".kovanex").mkdir()
-    (work / ".kovanex" / "task.toml").write_text(SPEC)
-    sh("git", "add", "-A", cwd=work)
-    sh("git", "commit", "-q", "-m", "t", cwd=work)
+    task_clone(work, SPEC)
     pg = pygit2.Repository(str(repo))
     plain_t, kx_t = [], []
     for i in range(pushes):
