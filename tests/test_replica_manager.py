@@ -433,3 +433,60 @@ def test_takeover_keeps_acked_commit_and_returning_owner_is_demoted(tmp_path: Pa
 async def _continue(work: Work, onto: str) -> str:
     git("checkout", "-q", "-B", "main", onto, cwd=work.path)
     return await work.commit()
+
+
+def test_a_demoted_owner_whose_resync_fetch_found_nothing_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A demoted owner that is not one of the new owner's replicas resyncs once; if that
+    fetch finds no address for its new owner (or fails), nothing else fetches for it, so
+    what only it holds was never kept or offered. The anti-entropy tick tries again
+    (`ReplicaFetcher.retry_resyncs`, found by the partition tests)."""
+    from kovanex.agent.replica_fetch import ReplicaFetcher
+
+    real = ReplicaFetcher._fetch
+    skipped: list[str] = []
+
+    async def first_finds_nothing(self: ReplicaFetcher, repo: str) -> None:
+        if self.rt.node == "n1" and repo in self._resync_from and not skipped:
+            skipped.append(repo)  # as "no address for its owner yet": nothing fetched
+            return
+        await real(self, repo)
+
+    monkeypatch.setattr(ReplicaFetcher, "_fetch", first_finds_nothing)
+
+    async def go() -> None:
+        net, nodes = await cluster(tmp_path)
+        a = nodes[0]
+        try:
+            path = await create_replicated(a, "t", "async", wanted=1)
+            work = Work(tmp_path)
+            base = await work.commit()
+            a.m.refs_changed("t", await work.push(path, MAIN))
+            (rep,) = a.m.status("t")["replicas"]
+            await until(lambda: lag_zero(a, "t", rep), what="lag 0")
+            await a.kill()
+            git("checkout", "-q", "-b", "side", base, cwd=work.path)
+            lost = await work.commit()  # only the old owner ever holds this one
+            await work.push(path, MAIN, force=True)
+            new = next(x for x in nodes if x.name == rep)
+            await until(lambda: new.m.is_owner("t"), 15.0, "takeover")
+            await until(lambda: len(new.m.status("t")["replicas"]) == 1, what="refilled")
+            back = Node(net, tmp_path, "n1")
+            nodes[0] = back
+            await back.start(seed=new)
+            await until(lambda: not back.m.is_owner("t"), 15.0, "demotion")
+            assert "n1" not in new.m.status("t")["replicas"]  # it follows nobody after this
+            await until(
+                lambda: lost in git("--git-dir", str(new.repo("t")), "rev-list", MAIN).split(),
+                15.0,
+                "the deposed owner's commit kept and merged by the new owner",
+            )
+            assert skipped == ["t"]
+            assert rev(back.repo("t"), "refs/kovanex/lost/1/" + MAIN) == lost
+        finally:
+            await shutdown(nodes)
+        for x in nodes:
+            x.fsck()
+
+    asyncio.run(go())
