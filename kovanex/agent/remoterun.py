@@ -28,7 +28,6 @@ log = logging.getLogger("kovanex.agent")
 ASSIGN = "assign"  # gossip topic: an owner placed one of its tasks on a node
 REDELIVER_S = 2.0  # after a remote run crashed, before its assignment is tried again
 REDELIVER_MAX = 3  # crashes of a task's runs here retried here; then it goes back to its owner
-HAND_OVER_S = 30.0  # a demoted owner's run stops within this, or the owner's deadline acts
 
 
 class RemoteRuns:
@@ -154,11 +153,7 @@ class RemoteRuns:
     async def _hand_over(self, run: TaskRun, owner: str) -> None:
         why = f"{run.lease.repo} moved to {owner} while this ran on its old owner"
         run.stand_down(why)
-        try:
-            await asyncio.wait_for(run.ended.wait(), HAND_OVER_S)
-        except TimeoutError:
-            log.warning("%s/%s: did not stop; the owner's deadline is the backstop", *run.key)
-            return
+        await run.ended.wait()  # standing down kills its step: it ends
         for delay in (1.0, 3.0, 0.0):  # our copy may not know the new owner's address yet
             if await self.hand_back(run.lease.repo, run.lease.task_id, run.lease.epoch, why):
                 return

@@ -332,9 +332,7 @@ def _observe(
 ) -> LeaderState:
     """A revision of the leader key (from a refused CAS or a watch). Older ones are stale,
     unless a refused CAS reports them: that is the backend now (it lost writes)."""
-    if rev < s.key_rev and refused:
-        pass
-    elif rev < s.key_rev or (rev == s.key_rev and rev != 0):
+    if (rev < s.key_rev and not refused) or (rev == s.key_rev and rev != 0):
         return s
     term = (lease.term or rev) if lease is not None else s.term
     holder = lease.holder if lease is not None else None
@@ -401,11 +399,7 @@ def _next_wake(s: LeaderState, now: float) -> float:
     times = [(s.last_heartbeat or now) + cfg.renew_s]
     if s.is_leader:
         times += [s.last_renew + cfg.renew_s, s.lease_until]
-    elif (
-        s.key_absent
-        or s.key_void
-        or (s.key_seen_at is not None and now >= s.key_seen_at + cfg.ttl_s)
-    ):
+    elif _vacant(s, now):
         times.append((s.last_acquire or now) + cfg.renew_s)
     elif s.key_seen_at is not None:
         times.append(s.key_seen_at + cfg.ttl_s)

@@ -1,0 +1,73 @@
+"""A remote run that crashes (e.g. the owner unreachable for a moment after a heal) is
+started again from its assignment, at most `REDELIVER_MAX` times; then its lease goes back
+to the owner. Before, nothing restarted it: the owner never re-places a lease whose
+holder is alive (found by tests/test_partition_nats.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kovanex import config as cfgmod
+from kovanex.agent import remoterun
+from kovanex.agent.context import NodeContext
+from kovanex.agent.remoterun import RemoteRuns
+from kovanex.agent.runs import RunTable
+from kovanex.agent.scheduling import TaskLocks
+from kovanex.core.gossip_profiles import profile
+from kovanex.gitstate.ledger import Lease
+from kovanex.net.gossip import GossipNode
+from kovanex.net.transport import MemoryNetwork, MemoryTransport
+from kovanex.testing import FakeClock
+
+
+class CrashedRun:
+    """What `ran` reads of a run that ended: its lease, and that it crashed."""
+
+    def __init__(self, epoch: int) -> None:
+        self.lease = Lease("t1", "n1", epoch, repo="r")
+        self.crashed = True
+
+
+def test_a_crashed_remote_run_is_started_again_then_handed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remoterun, "REDELIVER_S", 0.0)
+    layout = cfgmod.Layout(tmp_path / "n1")
+    ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), token="t", clock=FakeClock())
+    started: list[dict[str, Any]] = []
+    handed: list[tuple[str, str, int, str]] = []
+
+    async def go() -> None:
+        g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
+        await g.start(("127.0.0.1", 0))
+        try:
+            rr = RemoteRuns(ctx, RunTable(ctx), TaskLocks(), None, g, None)  # type: ignore[arg-type]
+
+            async def start(value: dict[str, Any]) -> None:  # the owner's branch read
+                started.append(value)
+
+            async def hand_back(repo: str, task: str, epoch: int, why: str) -> bool:
+                handed.append((repo, task, epoch, why))
+                return True
+
+            rr._start = start  # type: ignore[method-assign]
+            rr.hand_back = hand_back  # type: ignore[method-assign]
+            a = {"repo": "r", "task": "t1", "node": "n1", "epoch": 3, "url": "u", "owner": "n2"}
+            g.publish("assign", "r/t1", a)
+            for crash in range(remoterun.REDELIVER_MAX + 1):
+                rr._watched[("r", "t1")] = (CrashedRun(3 + crash), None)  # type: ignore[assignment]
+                rr.ran("r", "t1")
+                for _ in range(20):  # let the tasks `ran` spawned run (no sleep of time)
+                    await asyncio.sleep(0)
+        finally:
+            await g.close()
+
+    asyncio.run(go())
+    assert len(started) == remoterun.REDELIVER_MAX
+    assert started[0]["epoch"] == 3
+    assert handed == [("r", "t1", 3 + remoterun.REDELIVER_MAX,
+                       f"its runs on n1 crashed {remoterun.REDELIVER_MAX} times")]  # fmt: skip
