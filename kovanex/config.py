@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded with a node's config only: every CLI start reads this module
@@ -106,6 +107,11 @@ class Layout:
     def step_log(self, repo: str, task: str, index: int, step: str) -> Path:
         return self.logs / repo / task / f"{index}-{step}.log"
 
+    @property
+    def node_id_file(self) -> Path:
+        """This node's identity on the host: random, made once, kept with the data dir."""
+        return self.root / "node.id"
+
 
 def _default(section: str) -> Any:
     """A section's defaults, its module imported only now: `kovanex task list` reads no
@@ -159,6 +165,10 @@ class NodeConfig:
     maintenance_every: str = "1h"
     # `[coordination]`: leader lease and quorum (kovanex/coordcfg.py, ADR 0026)
     coordination: CoordinationConfig = field(default_factory=lambda: _default("coordination"))
+    # not in kovanex.toml: the data dir's node.id (load() reads it). Host-wide things
+    # (unit users, cgroups, paths, the units lock) are keyed by it, so two clusters on
+    # one host that each have a node `n1` never share them (ADR 0071).
+    node_id: str = ""
 
     def to_toml(self) -> str:
         lines = [
@@ -316,7 +326,35 @@ def load(layout: Layout) -> NodeConfig:
             f"no node at {layout.root} (missing kovanex.toml); "
             f"run `kovanex init --data {layout.root} --name NAME` first"
         )
-    return NodeConfig.from_toml(layout.config.read_text(), str(layout.config))
+    cfg = NodeConfig.from_toml(layout.config.read_text(), str(layout.config))
+    cfg.node_id = node_id(layout)
+    return cfg
+
+
+_NODE_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+def node_id(layout: Layout) -> str:
+    """The data dir's node id, made at first use (init, or the first load of an older
+    node). Written aside, then linked into place: a racing load sees no file or a whole
+    one, and the first link wins."""
+    path = layout.node_id_file
+    if not path.exists():
+        tmp = path.with_name(f"node.id.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(token_hex(8) + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        except OSError:
+            return ""  # a read-only view of a node: keyed by name, as before
+    text = path.read_text().strip()
+    if not _NODE_ID.match(text):
+        raise ConfigError(f"{path} holds {text[:40]!r}, not a node id; delete it to make one")
+    return text
 
 
 def save(layout: Layout, cfg: NodeConfig) -> None:

@@ -43,7 +43,8 @@ def test_a_step_cannot_reach_the_node_or_another_unit(node: Node, tmp_path: Path
     token = token_path.read_text().strip()
     agent_pid = int((node.data / "run" / "agent.pid").read_text())
     units = json.loads(node.kx("units", "--format", "json").stdout)["units"]
-    assert [u["user"] for u in units] == ["kx-u1-0", "kx-u1-1"]
+    key = f"u1-{(node.data / 'node.id').read_text()[:6]}"  # name + node id (ADR 0071)
+    assert [u["user"] for u in units] == [f"kx-{key}-0", f"kx-{key}-1"]
     xd = exchange_dir()
     gate, holding, res = xd / "gate", xd / "holding", xd / "results"
     # Task 1 holds unit 0 with a file in its checkout until the probe is done.
@@ -87,7 +88,7 @@ timeout_s = 120
     gate.touch()
     wait_for(lambda: node.show("hold-1")["state"] == "succeeded", 30, "hold-1 to finish")
     r = _results(res)
-    unit1 = pwd.getpwnam("kx-u1-1")
+    unit1 = pwd.getpwnam(f"kx-{key}-1")
     rc, who = r["whoami"]
     assert who.split()[0] == str(unit1.pw_uid), f"the step must run as unit 1's user: {who}"
     assert str(node.data) not in who, f"the step env must not name the node dir: {who}"
@@ -147,8 +148,40 @@ timeout_s = 120
 
 
 @needs_root
-def test_a_second_agent_with_the_same_node_name_cannot_take_the_units(tmp_path: Path) -> None:
-    """Units are named by node: a second `n1` on the host must not kill the first's steps."""
+def test_two_clusters_with_a_node_of_the_same_name_both_run_steps(tmp_path: Path) -> None:
+    """Units are keyed by name and node id: a second cluster's `same` on the host runs
+    its own steps in its own units, and neither agent kills the other's step (ADR 0071)."""
+    first = Node(tmp_path / "a", "same").start()
+    second = None
+    try:
+        xd = exchange_dir()
+        gate, started = xd / "gate", xd / "started"
+        spec = f'[[steps]]\nname = "w"\nrun = "id -u > {started}.$KOVANEX_TASK.tmp; mv {started}.$KOVANEX_TASK.tmp {started}.$KOVANEX_TASK; while [ ! -e {gate} ]; do sleep 0.05; done"\n'
+        clone = clone_with_task(first, "demo", tmp_path / "c", "held", spec)
+        git("push", "origin", "task/held", cwd=clone)
+        mine = Path(f"{started}.held")
+        wait_for(mine.exists, 30, "the first agent's step to start")
+        second = Node(tmp_path / "b", "same").start()  # another cluster: its own token
+        clone2 = clone_with_task(second, "demo", tmp_path / "c2", "held2", spec)
+        git("push", "origin", "task/held2", cwd=clone2)
+        theirs = Path(f"{started}.held2")
+        wait_for(theirs.exists, 30, "the second agent's step to start")
+        assert mine.read_text() != theirs.read_text(), "both steps ran as one unit user"
+        assert first.show("held")["state"] == "running", "the second agent killed the first's step"
+        gate.write_text("open")
+        wait_for(lambda: first.show("held")["state"] == "succeeded", 30, "the first step to end")
+        wait_for(lambda: second.show("held2")["state"] == "succeeded", 30, "the second to end")
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+@needs_root
+def test_one_node_identity_started_twice_cannot_take_the_units(tmp_path: Path) -> None:
+    """A copy of a data dir keeps its node.id: the copy must not kill the first's steps."""
+    import shutil
+
     first = Node(tmp_path / "a", "same").start()
     try:
         xd = exchange_dir()
@@ -157,11 +190,10 @@ def test_a_second_agent_with_the_same_node_name_cannot_take_the_units(tmp_path: 
         clone = clone_with_task(first, "demo", tmp_path / "c", "held", spec)
         git("push", "origin", "task/held", cwd=clone)
         wait_for(started.exists, 30, "the first agent's step to start")
-        second = Node(tmp_path / "b", "same")
-        with pytest.raises(
-            AssertionError, match="another agent on this host .* runs a node named same"
-        ):
-            second.start()
+        copy = Node(tmp_path / "b", "same")
+        shutil.copy(first.data / "node.id", copy.data / "node.id")
+        with pytest.raises(AssertionError, match="another agent on this host .* runs node same-"):
+            copy.start()
         gate.write_text("open")
         wait_for(lambda: first.show("held")["state"] == "succeeded", 30, "the step to finish")
     finally:

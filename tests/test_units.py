@@ -398,3 +398,24 @@ def test_same_commit_and_unchanged_tree_cross_no_pack(
     tree = unitrepo.snapshot(clone, u, bare, head)
     assert tree != base_tree and "unpack-objects" in calls.read_text()
     assert git("--git-dir", str(bare), "cat-file", "-p", f"{tree}:b.txt").stdout == "b\n"
+
+
+def test_units_are_keyed_by_name_and_node_id(tmp_path: Path) -> None:
+    """Two data dirs with a node of one name get distinct unit keys; one dir keeps its
+    key across loads (ADR 0071)."""
+    from kovanex import config as cfgmod
+
+    keys = []
+    for d in ("a", "b"):
+        layout = cfgmod.Layout(tmp_path / d)
+        cfgmod.save(layout, cfgmod.NodeConfig(name="n1"))
+        first = unitsmod.unit_key(cfgmod.load(layout))
+        assert unitsmod.unit_key(cfgmod.load(layout)) == first, "the key must be stable"
+        keys.append(first)
+    assert keys[0] != keys[1] and all(k.startswith("n1-") for k in keys), keys
+    assert unitsmod.user_name(keys[0], 0) != unitsmod.user_name(keys[1], 0)
+    bad = cfgmod.Layout(tmp_path / "c")
+    cfgmod.save(bad, cfgmod.NodeConfig(name="n1"))
+    bad.node_id_file.write_text("garbage\n")
+    with pytest.raises(cfgmod.ConfigError, match="not a node id; delete it"):
+        cfgmod.load(bad)

@@ -202,6 +202,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     for d in (layout.repos, layout.work, layout.logs, layout.run):
         d.mkdir(parents=True, exist_ok=True)
     cfgmod.save(layout, cfg)
+    cfg.node_id = cfgmod.node_id(layout)  # units are keyed by it (ADR 0071)
     cfgmod.write_token(layout, value)
     from kovanex.cli.tokencmd import setup_local_access
 

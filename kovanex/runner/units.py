@@ -6,7 +6,7 @@ its uid owns nothing but its own work path (0700, outside the node directory), i
 cgroup is the parent of every step cgroup it runs, and the node directory is 0700
 and owned by the agent. See docs/decisions/0010-compute-units.md.
 
-Modes: `users` (system users `kx-<node>-<n>`, made by `kovanex init`), `uids`
+Modes: `users` (system users `kx-<node>-<id>-<n>`, made by `kovanex init`; see unit_key), `uids`
 (bare uids from `uid_base`, no /etc/passwd entry), `namespace` (no root: steps run
 as the agent with the node's secrets hidden by a mount namespace, see hidden()),
 `none` (steps run as the agent; said so loudly, once, at start).
@@ -95,7 +95,7 @@ class Unit:
 
 
 def user_name(node: str, index: int) -> str:
-    """`kx-<node>-<n>`, made safe for useradd and cut to 32 chars with a hash if needed.
+    """`kx-<key>-<n>` (key: unit_key), made safe for useradd and cut to 32 chars with a hash if needed.
 
     The hash keeps two long node names that share a prefix from sharing users.
     """
@@ -110,7 +110,7 @@ def user_name(node: str, index: int) -> str:
 
 
 def root_for(node: str, configured: str | None) -> Path:
-    """Where unit paths live: configured, else /var/lib/kovanex/units/<node>."""
+    """Where unit paths live: configured, else /var/lib/kovanex/units/<key>."""
     return Path(configured) if configured else Path(DEFAULT_ROOT) / node
 
 
@@ -316,11 +316,18 @@ def remove(units: list[Unit], *, delete_users: bool) -> None:
             subprocess.run(["userdel", u.user], capture_output=True)
 
 
+def unit_key(cfg: NodeConfig) -> str:
+    """What the node's host-wide unit things (users, cgroups, paths, lock) are named by:
+    the node name and its data dir's id, so a second cluster's `n1` on the same host
+    gets units of its own (ADR 0071). A config with no id (made in memory) uses the name."""
+    return f"{cfg.name}-{cfg.node_id[:6]}" if cfg.node_id else cfg.name
+
+
 def node_units(cfg: NodeConfig, *, create: bool = False) -> list[Unit]:
     """The units of a node's runner slots, per its [units] config."""
     count = cfg.runner_slots if cfg.role in ("full", "runner") else 0
     return units_for(
-        cfg.name,
+        unit_key(cfg),
         count,
         mode=cfg.units_mode,
         root=cfg.units_root or None,
@@ -340,7 +347,7 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     isolation line for status; says once, loudly, when steps are not isolated."""
     units = node_units(cfg, create=True)
     if units:
-        claim(cfg.name)  # before reset(): never kill the steps of another live agent
+        claim(unit_key(cfg))  # before reset(): never kill the steps of another live agent
     for u in units:
         if n := reset(u):
             _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
@@ -362,12 +369,12 @@ _claims: dict[str, int] = {}  # node name -> the open, locked fd, held while the
 
 
 def claim(node: str) -> None:
-    """Take the host-wide lock on this node name's units for the agent's lifetime.
+    """Take the host-wide lock on this node's units (by `unit_key`) for the agent's life.
 
-    Units are named by node (`kx-<node>-<n>`), so two agents with the same node name on
-    one host would share users and cgroups, and the second to start would kill the
-    first's steps as orphans. The kernel drops the lock when the holder dies, so a
-    crashed agent never blocks its restart."""
+    Two agents of one node identity (the same data dir copied, or a config with no id)
+    would share users and cgroups, and the second to start would kill the first's steps
+    as orphans. The kernel drops the lock when the holder dies, so a crashed agent never
+    blocks its restart."""
     if node in _claims:
         return
     LOCK_DIR.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -379,8 +386,9 @@ def claim(node: str) -> None:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise UnitError(
-            f"another agent on this host (pid {holder}) runs a node named {node}, and units "
-            f"are named by node; stop it, or give this node another name (kovanex init --name)"
+            f"another agent on this host (pid {holder}) runs node {node} (the same name and "
+            f"node.id), and units are named by both; stop it, or give this copy of the node "
+            f"its own identity (delete its node.id, or kovanex init a new data dir)"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
