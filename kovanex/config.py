@@ -150,6 +150,11 @@ class NodeConfig:
     units_mode: str = "none"
     units_root: str = ""
     units_uid_base: int = 61000
+    # bounds every unit has by default (issue 22 part 3, ADR 0072); a spec may ask for
+    # less, never more. memory_mb 0 = the node's memory / runner slots.
+    units_pids_max: int = 512
+    units_memory_mb: int = 0
+    units_snapshot_mb: int = 50
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(
@@ -198,6 +203,8 @@ class NodeConfig:
             lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
         lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+        lines += [f"pids_max = {self.units_pids_max}", f"snapshot_mb = {self.units_snapshot_mb}"]
+        lines += [f"memory_mb = {self.units_memory_mb}  # 0: the node's memory / runner_slots"]
         if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
             lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
             lines += [f"every = {_q(self.maintenance_every)}"]
@@ -246,6 +253,9 @@ class NodeConfig:
             units_mode=str(doc.get("units", {}).get("mode", "none")),
             units_root=str(doc.get("units", {}).get("root", "")),
             units_uid_base=int(doc.get("units", {}).get("uid_base", 61000)),
+            units_pids_max=_count(doc.get("units", {}), "pids_max", 512, path),
+            units_memory_mb=_count(doc.get("units", {}), "memory_mb", 0, path),
+            units_snapshot_mb=_count(doc.get("units", {}), "snapshot_mb", 50, path),
             limits=_limits(doc.get("limits", {}), path),
             scaling=_scaling(doc.get("scaling", {}), path),
             log_format=str(doc.get("log", {}).get("format", "text")),
@@ -286,6 +296,14 @@ def parse_duration(text: str) -> float:
     if m is None:
         raise ValueError(f"{text!r} is not a duration; use a number and a unit: 0s, 30m, 12h, 7d")
     return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _count(table: Any, key: str, default: int, path: str) -> int:
+    """A whole number >= 0 from [units], or a refusal that names the key."""
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{path}: [units] {key} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 def _coordination(table: Any, path: str) -> CoordinationConfig:

@@ -269,14 +269,25 @@ class TaskRun:
         trs = taskcore.step_done(
             view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
         )
+        tree = ""
         if outcome.result == "ok" and self.unit is not None:
             # Never write into the unit's clone as root: the log joins the tree here.
-            tree = await asyncio.to_thread(
-                unitrepo.snapshot, self.wt, self.unit, self.repo_path, self.base
-            )
+            try:
+                tree = await asyncio.to_thread(
+                    unitrepo.snapshot, self.wt, self.unit, self.repo_path, self.base
+                )
+            except unitrepo.SnapshotTooLarge as e:  # the step fails; the repo is untouched
+                log.warning("%s/%s: step %s: %s", *self.key, step.name, e)
+                capped += f"[kovanex: {e}]\n".encode()
+                with open(log_path, "ab") as f:
+                    f.write(f"[kovanex: {e}]\n".encode())
+                trs = taskcore.step_done(
+                    view, index, step.name, total, "failed", outcome.exit_code, spec.retries
+                )
+        if tree:
             view = await self._append(view, trs, tree=tree, files={rel: capped})
             fresh = True
-        elif outcome.result == "ok":
+        elif outcome.result == "ok" and self.unit is None:
             (self.wt / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.wt / rel).write_bytes(capped)
             tree = await asyncio.to_thread(worktree.snapshot, self.wt)

@@ -31,6 +31,11 @@ RLIMIT = "rlimit"
 NONE = "none"
 
 CPU_PERIOD_US = 100_000
+# v1 hierarchies a step joins: memory and cpu carry its limits; pids bounds its process
+# count and freezer lets a kill stop the whole tree first (units.py, ADR 0072)
+_V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
+# How long a kill waits for a freezer cgroup to report FROZEN before it kills anyway.
+FREEZE_WAIT_S = 1.0
 # $1 is the step's command, the rest are cgroup.procs files; "0" means "me". Exit
 # 126 ("cannot execute") if a join fails: the step never runs outside its limits.
 _JOIN = 'c=$1; shift; for f in "$@"; do echo 0 > "$f" || exit 126; done; exec /bin/sh -c "$c"'
@@ -109,7 +114,7 @@ def _hierarchies(
                 ctrls = frozenset()
         else:
             version = 1
-            ctrls = frozenset(o for o in rfields[2].split(",") if o in ("memory", "cpu", "cpuacct"))
+            ctrls = frozenset(o for o in rfields[2].split(",") if o in _V1_CONTROLLERS)
             key = next((k for k in own if k and set(k.split(",")) & ctrls), "")
             if not ctrls or not key:
                 continue
@@ -137,12 +142,12 @@ def _base_dirs(mechanism: str) -> dict[str, Path]:
         if mechanism == CGROUP_V2 and h.version == 2 and "memory" in h.controllers:
             base = h.own / "kovanex"
             base.mkdir(exist_ok=True)
-            wanted = " ".join(f"+{c}" for c in ("memory", "cpu") if c in h.controllers)
+            wanted = " ".join(f"+{c}" for c in ("memory", "cpu", "pids") if c in h.controllers)
             _write(h.own / "cgroup.subtree_control", wanted)
             _write(base / "cgroup.subtree_control", wanted)
             dirs["unified"] = base
         elif mechanism == CGROUP_V1 and h.version == 1:
-            for ctrl in ("memory", "cpu"):
+            for ctrl in ("memory", "cpu", "pids", "freezer"):
                 if ctrl in h.controllers and ctrl not in dirs:
                     base = h.own / "kovanex"
                     base.mkdir(exist_ok=True)
@@ -303,12 +308,11 @@ class Applied:
         return found
 
     def kill_all(self, sig: int) -> int:
-        """Signal every process in the cgroup, including ones that left our process group."""
-        pids = self.pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        return len(pids)
+        """Signal every process in the cgroup, including ones that left our process group.
+
+        SIGKILL stops the tree first (freezer or cgroup.kill), so a process that forks
+        between our read of cgroup.procs and the kill cannot escape (kill_cgroups)."""
+        return kill_cgroups(self.dirs, sig)
 
     def oom_kills(self) -> int:
         for d in self.dirs:
@@ -404,6 +408,63 @@ async def reap_stale() -> int:
     return reaped
 
 
+def kill_cgroups(dirs: list[Path], sig: int) -> int:
+    """Signal every process in `dirs` (and their child cgroups); returns how many.
+
+    For SIGKILL: on v2, `cgroup.kill` kills the whole subtree in the kernel. On v1, a
+    freezer cgroup among `dirs` is frozen first, then every pid is killed, then it is
+    thawed so the kills land: nothing can fork in between. Without either, one read
+    and one kill, as before (a re-forker may outrun it)."""
+    killed, rest = 0, []
+    for d in dirs:
+        if sig == signal.SIGKILL and (d / "cgroup.kill").exists():
+            try:
+                n = len(_procs_under([d]))
+                _write(d / "cgroup.kill", "1")
+                killed += n
+                continue
+            except OSError:
+                pass
+        rest.append(d)
+    dirs = rest
+    freezer = next((d for d in dirs if (d / "freezer.state").exists()), None)
+    frozen = sig == signal.SIGKILL and freezer is not None and _freeze(freezer)
+    try:
+        pids = _procs_under(dirs)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+    finally:
+        if frozen and freezer is not None:
+            with contextlib.suppress(OSError):
+                _write(freezer / "freezer.state", "THAWED")
+    return killed + len(pids)
+
+
+def _procs_under(dirs: list[Path]) -> set[int]:
+    found: set[int] = set()
+    for d in dirs:
+        for procs in (d / "cgroup.procs", *d.glob("*/cgroup.procs")):
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(x) for x in procs.read_text().split()}
+    return found
+
+
+def _freeze(d: Path) -> bool:
+    """Freeze a v1 freezer cgroup and wait (bounded) until the kernel says FROZEN."""
+    try:
+        _write(d / "freezer.state", "FROZEN")
+    except OSError:
+        return False
+    end = time.monotonic() + FREEZE_WAIT_S
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            if (d / "freezer.state").read_text().strip() == "FROZEN":
+                return True
+        time.sleep(0.001)  # the kernel's freeze has no event to wait on
+    return True  # partly frozen still narrows the window; thawed in kill_cgroups
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -471,6 +532,11 @@ def _apply_cgroup(
                     _write(d / "cpu.cfs_quota_us", str(_quota(limits.cpu)))
                 else:
                     rl = _rlimits(Limits(cpu=limits.cpu), timeout_s)
+            for ctrl in ("pids", "freezer"):  # a unit's bounds hold below it too
+                if parents and ctrl in parents:
+                    d = parents[ctrl] / name
+                    d.mkdir()
+                    dirs.append(d)
     except OSError:
         Applied(mechanism, dirs, []).cleanup()
         raise

@@ -355,6 +355,8 @@ async def run_step(
     t0 = time.monotonic()
     sink = LogSink(log_path, log_max_bytes)  # the node log's own cap (logsink.py)
     fd, start = sink.child_fd, sink.start
+    if unit is not None:
+        limits = units.bounded(unit, limits)  # the unit's memory bound, or less
     try:
         applied = (
             apply(limits, timeout_s=timeout_s)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
+from typing import BinaryIO
 
 import pygit2
 
@@ -202,6 +204,40 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     raise WorktreeError(f"prepare unit clone {dest} at {commit}: {err.strip()}")
 
 
+class SnapshotTooLarge(WorktreeError):
+    """The step's snapshot would add more than the unit's bound: nothing was written."""
+
+
+_CHUNK = 1 << 16
+_IN_MEMORY = 4 << 20  # a snapshot pack up to this stays in memory; a bigger one spills
+
+
+def _bounded_pack(fd: int, cap: int) -> bytes | BinaryIO | None:
+    """The unit's pack, at most `cap` bytes (0: no cap): bytes, or a temp file once it
+    passes _IN_MEMORY; None past the cap.
+
+    The bound holds before the node's repo sees a byte, so a refused snapshot writes
+    nothing there (not even unreachable objects), and replication has nothing to copy."""
+    buf, spill, total = bytearray(), None, 0
+    while chunk := os.read(fd, _CHUNK):
+        total += len(chunk)
+        if cap and total > cap:
+            if spill is not None:
+                spill.close()
+            return None
+        if spill is None and len(buf) + len(chunk) > _IN_MEMORY:
+            spill = tempfile.TemporaryFile()
+            spill.write(buf)
+        if spill is not None:
+            spill.write(chunk)
+        else:
+            buf += chunk
+    if spill is None:
+        return bytes(buf)
+    spill.seek(0)
+    return spill
+
+
 def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
     """Tree of what the step left in its clone (add -A as the unit), copied into `bare`.
 
@@ -224,16 +260,31 @@ def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
     assert prod.stdout is not None and prod.stderr is not None
     head = _read_line(prod.stdout.fileno())
     c_rc, c_err = 0, b""
-    if head == b"pack":  # the pipe is now at the pack's first byte: hand it over as is
+    if head == b"pack":  # the pipe is now at the pack's first byte
+        cap = unit.bounds.snapshot_bytes
+        spool = _bounded_pack(prod.stdout.fileno(), cap)
+        prod.stdout.close()
+        if spool is None:
+            prod.kill()
+            prod.wait()
+            prod.stderr.close()
+            raise SnapshotTooLarge(
+                f"the step's snapshot adds more than {cap >> 20} MiB to the repo "
+                f"([units] snapshot_mb = {cap >> 20}); nothing was written: keep big "
+                "build outputs out of the work tree (or in .gitignore), or raise the bound"
+            )
         cons = subprocess.Popen(
             _node_git(bare, "unpack-objects", "-q", "--strict"),
-            stdin=prod.stdout,
+            stdin=subprocess.PIPE if isinstance(spool, bytes) else spool,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=_node_env(),
         )
-        prod.stdout.close()
-        _, c_err = cons.communicate()
+        try:
+            _, c_err = cons.communicate(spool if isinstance(spool, bytes) else None)
+        finally:
+            if not isinstance(spool, bytes):
+                spool.close()
         c_rc = cons.returncode
     else:
         prod.stdout.close()

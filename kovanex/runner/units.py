@@ -26,7 +26,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,32 @@ class UnitError(ConfigError):
 
 
 @dataclass(frozen=True, slots=True)
+class Bounds:
+    """What every step in a unit is held to, whatever its spec says (ADR 0072).
+
+    0 means unbounded. A spec's own memory limit may only go lower (`memory_for`)."""
+
+    pids_max: int = 0
+    memory_mb: int = 0
+    snapshot_bytes: int = 0
+
+    def memory_for(self, asked: int | None) -> int | None:
+        if not self.memory_mb:
+            return asked
+        return self.memory_mb if asked is None else min(asked, self.memory_mb)
+
+
+def bounds_of(cfg: NodeConfig) -> Bounds:
+    """[units] as Bounds: memory_mb 0 is the node's memory split over its runner slots."""
+    memory = cfg.units_memory_mb
+    if memory == 0:
+        import psutil
+
+        memory = max(64, (psutil.virtual_memory().total >> 20) // max(1, cfg.runner_slots))
+    return Bounds(cfg.units_pids_max, memory, cfg.units_snapshot_mb << 20)
+
+
+@dataclass(frozen=True, slots=True)
 class Unit:
     """One compute unit. `cgroups` maps a controller ("memory", "cpu") to its dir."""
 
@@ -73,6 +99,7 @@ class Unit:
     gid: int
     path: Path
     cgroups: tuple[tuple[str, Path], ...] = ()
+    bounds: Bounds = field(default_factory=lambda: Bounds())
 
     def cgroup_dirs(self) -> dict[str, Path]:
         return dict(self.cgroups)
@@ -119,9 +146,14 @@ def is_root() -> bool:
 
 
 def _cgroup_dirs(
-    node: str, index: int, create: bool, ids: tuple[int, int] | None = None
+    node: str,
+    index: int,
+    create: bool,
+    ids: tuple[int, int] | None = None,
+    bounds: Bounds | None = None,
 ) -> tuple[tuple[str, Path], ...]:
-    """`kovanex/<node>/unit-<n>` in each cgroup hierarchy limits.py uses (none: rlimit host)."""
+    """`kovanex/<node>/unit-<n>` in each cgroup hierarchy limits.py uses (none: rlimit host),
+    with the unit's pids and memory bounds written on it (ADR 0072)."""
     mechanism = limitsmod.detect()
     if mechanism not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2):
         return ()
@@ -142,9 +174,24 @@ def _cgroup_dirs(
             # step's shell joins its own unit cgroup and can reach no other (limits.py).
             with contextlib.suppress(OSError):
                 os.chown(d / "cgroup.procs", *ids)
+        if create and bounds is not None and d.is_dir():
+            _bound(ctrl, d, bounds)
         if d.is_dir():
             found.append((ctrl, d))
     return tuple(found)
+
+
+def _bound(ctrl: str, d: Path, b: Bounds) -> None:
+    """The unit's own ceiling: steps' cgroups nest under it, so none goes past it."""
+    try:
+        if ctrl in ("pids", "unified") and b.pids_max:
+            limitsmod._write(d / "pids.max", str(b.pids_max))
+        if ctrl == "memory" and b.memory_mb:
+            _set(d / "memory.limit_in_bytes", str(b.memory_mb << 20))
+        if ctrl == "unified" and b.memory_mb:
+            limitsmod._write(d / "memory.max", str(b.memory_mb << 20))
+    except OSError as e:
+        raise UnitError(f"cannot bound cgroup {d}: {e}; run as root") from e
 
 
 def _ensure_user(name: str) -> tuple[int, int]:
@@ -196,6 +243,7 @@ def units_for(
     root: str | None,
     uid_base: int = DEFAULT_UID_BASE,
     create: bool = False,
+    bounds: Bounds | None = None,
 ) -> list[Unit]:
     """The node's units; with create=True make users, paths and cgroups (idempotent).
 
@@ -230,7 +278,9 @@ def units_for(
         path = base / f"unit-{n}"
         if create:
             _ensure_path(path, uid, gid)
-        out.append(Unit(n, name, uid, gid, path, _cgroup_dirs(node, n, create, (uid, gid))))
+        b = bounds or Bounds()
+        dirs = _cgroup_dirs(node, n, create, (uid, gid), b)
+        out.append(Unit(n, name, uid, gid, path, dirs, b))
     return out
 
 
@@ -288,15 +338,12 @@ def pids(unit: Unit) -> set[int]:
 
 def reset(unit: Unit) -> int:
     """Kill whatever a dead agent's steps left in the unit; returns how many were signalled."""
-    found = pids(unit)
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    n = limitsmod.kill_cgroups([d for _, d in unit.cgroups], signal.SIGKILL)  # frozen first
     for _, d in unit.cgroups:  # step cgroups of a dead agent (limits.reap_stale skips these)
         for sub in d.glob("run-*"):
             with contextlib.suppress(OSError):
                 sub.rmdir()
-    return len(found)
+    return n
 
 
 def remove(units: list[Unit], *, delete_users: bool) -> None:
@@ -333,6 +380,7 @@ def node_units(cfg: NodeConfig, *, create: bool = False) -> list[Unit]:
         root=cfg.units_root or None,
         uid_base=cfg.units_uid_base,
         create=create,
+        bounds=bounds_of(cfg),
     )
 
 
@@ -421,6 +469,17 @@ def default_mode() -> str:
     return NAMESPACE if namespace_works() else NONE
 
 
+def bounded(unit: Unit, limits: limitsmod.Limits | None) -> limitsmod.Limits | None:
+    """The step's limits within the unit's bounds: a spec may ask for less memory than
+    the unit allows, never more, and no limit at all means the unit's (ADR 0072)."""
+    memory = unit.bounds.memory_for(limits.memory_mb if limits is not None else None)
+    if memory is None or (limits is not None and limits.memory_mb == memory):
+        return limits
+    if limits is None:
+        return limitsmod.Limits(memory_mb=memory)
+    return limitsmod.Limits(cpu=limits.cpu, memory_mb=memory, mechanism=limits.mechanism)
+
+
 def apply(unit: Unit, limits: limitsmod.Limits | None, timeout_s: float) -> limitsmod.Applied:
     """A step's limits and privilege drop for `unit` (see _apply_unit, limits.apply)."""
     parents, ids = unit.cgroup_dirs(), (unit.uid, unit.gid)
@@ -486,7 +545,9 @@ def _apply_unit(
         rl = limitsmod._rlimits(limitsmod.Limits(cpu=limits.cpu), timeout_s)
     limited = limits.memory_mb is not None or (limits.cpu is not None and cpu is not None)
     mechanism = limitsmod.CGROUP_V1 if limited else (limitsmod.RLIMIT if rl else limitsmod.NONE)
-    dirs = [d for d in (mem, cpu) if d is not None]
+    # pids and freezer carry no per-step value: the step joins the unit's own (bounded
+    # at creation), so its process count and a freeze-then-kill cover it (ADR 0072)
+    dirs = [d for d in (mem, cpu, parents.get("pids"), parents.get("freezer")) if d is not None]
     return limitsmod.Applied(
         mechanism, dirs, rl, as_ids=as_ids, keep=True, delegated=True, oom_base=oom_base
     )

@@ -1,0 +1,125 @@
+"""Issue 22 part 3: a unit's bounds hold by default, tried as pushed steps would try them.
+
+Each test runs the attack as a task's step on a real agent and fails on an unbounded
+unit: a fork flood past the pids cap, a re-forker that outlives its step, and a 300 MB
+snapshot. The bounds are the defaults of `[units]` (ADR 0072)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kovanex.runner import limits as limitsmod
+from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="compute units need root (useradd, cgroups); CI runs as root"
+    ),
+    pytest.mark.skipif(
+        limitsmod.detect() not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2),
+        reason="unit bounds need cgroups; this host has none we can write",
+    ),
+]
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = Node(tmp_path, "sb1", "--runners", "1")
+    n.start()
+    yield n
+    _kill_units(n)
+    n.stop()
+
+
+def _units(node: Node) -> list[dict]:
+    return json.loads(node.kx("units", "--format", "json").stdout)["units"]
+
+
+def _unit_procs(uid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["uids"]):
+        uids = p.info["uids"]
+        if uids is not None and uids.real == uid:
+            out.append(p)
+    return out
+
+
+def _kill_units(node: Node) -> None:
+    """Leave nothing behind even when the bound under test failed."""
+    for u in _units(node):
+        cgroup = u.get("cgroup", "-")
+        dirs = [Path(d.split(":", 1)[1]) for d in cgroup.split(",")] if cgroup != "-" else []
+        limitsmod.kill_cgroups(dirs, signal.SIGKILL)
+        for p in _unit_procs(u["uid"]):
+            p.kill()
+
+
+def _finished(node: Node, task: str) -> str | None:
+    state = node.show(task)["state"]
+    return state if state in ("succeeded", "failed") else None
+
+
+def test_a_fork_flood_stops_at_the_pids_cap(node: Node, tmp_path: Path) -> None:
+    xd = exchange_dir()
+    count = xd / "started"
+    # each sleeper first says it started; a fork past the cap fails instead
+    spec = f"""
+[[steps]]
+name = "flood"
+run = "i=0; while [ $i -lt 1000 ]; do (echo x >> {count}; exec sleep 30) & i=$((i+1)); done; wait"
+timeout_s = 90
+"""
+    clone = clone_with_task(node, "demo", tmp_path / "c", "flood", spec)
+    git("push", "-q", "origin", "task/flood", cwd=clone)
+    wait_for(lambda: _finished(node, "flood"), 120, "the flood task to end")
+    started = len(count.read_text().split()) if count.exists() else 0
+    assert 0 < started <= 512, f"{started} processes started: the pids cap (512) did not hold"
+    uid = _units(node)[0]["uid"]
+    wait_for(lambda: not _unit_procs(uid), 15, "the flood's sleepers to be gone")
+
+
+def test_a_re_forker_does_not_outlive_its_step(node: Node, tmp_path: Path) -> None:
+    """40 chains of processes that ignore SIGTERM, leave the step's session with setsid
+    and replace themselves as fast as they can: a read-then-kill misses some of them."""
+    chain = "trap '' TERM\nsetsid sh \"$0\" &\n"
+    spec = """
+[[steps]]
+name = "refork"
+run = "trap '' TERM; for i in $(seq 40); do setsid sh chain.sh & done; exit 0"
+timeout_s = 60
+"""
+    clone = clone_with_task(node, "demo", tmp_path / "c", "refork", spec, {"chain.sh": chain})
+    git("push", "-q", "origin", "task/refork", cwd=clone)
+    uid = _units(node)[0]["uid"]
+    wait_for(lambda: _finished(node, "refork"), 60, "the re-forker's step to end")
+    wait_for(lambda: not _unit_procs(uid), 10, "every process of the re-forker to be gone")
+
+
+def test_a_300_mb_snapshot_fails_the_task_and_writes_nothing(node: Node, tmp_path: Path) -> None:
+    spec = """
+[[steps]]
+name = "big"
+run = "head -c 300000000 /dev/urandom > big.bin"
+timeout_s = 120
+"""
+    clone = clone_with_task(node, "demo", tmp_path / "c", "big", spec)
+    git("push", "-q", "origin", "task/big", cwd=clone)
+    bare = node.repo("demo")
+    before = _size(bare / "objects")
+    assert wait_for(lambda: _finished(node, "big"), 180, "the big task to end") == "failed"
+    grown = _size(bare / "objects") - before
+    assert grown < 10 << 20, f"the repo grew by {grown >> 20} MiB: the snapshot bound failed"
+    logs = node.kx("task", "logs", "big", check=False)
+    assert "snapshot adds more than 50 MiB" in logs.stdout + logs.stderr, logs
+
+
+def _size(d: Path) -> int:
+    out = subprocess.run(["du", "-sb", str(d)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0])
