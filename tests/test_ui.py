@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -45,13 +46,18 @@ def csrf_of(html: bytes) -> str:
 def test_without_a_session_every_page_is_the_login_form(agent: dict[str, Any]) -> None:
     for path in ("/ui/", "/ui/health", "/ui/tasks", "/ui/envs", "/ui/nodes/uh1", "/ui/?frag=1"):
         status, headers, body = request(agent["port"], "GET", path)
-        assert status == 401, path
-        assert b'action="/ui/login"' in body and b'name="token"' in body
+        # a redirect to the login form (a 401 document is a console error in the browser)
+        assert status == 303 and headers["location"] == "/ui/login?next=" + quote(path, ""), path
         assert b"uh1</a>" not in body and b"cluster-graph" not in body, path
+        status, _, body = request(agent["port"], "GET", headers["location"])
+        assert status == 200 and b'name="token"' in body
+        assert f'name="next" value="{path}"'.encode() in body, path
+    status, _, body = request(agent["port"], "GET", "/ui/tasks", headers={"HX-Request": "true"})
+    assert status == 401 and b'name="token"' in body  # a live block asks: no redirect
     status, _, body = request(
         agent["port"], "GET", "/ui/", headers={"Cookie": "kovanex_session=kxu_nope"}
     )
-    assert status == 401 and b"cluster-graph" not in body
+    assert status == 303 and b"cluster-graph" not in body
     status, _, _ = request(agent["port"], "POST", "/ui/nodes/uh1/cordon", "enable=1", FORM)
     assert status == 401
 
@@ -324,3 +330,16 @@ def test_health_ring_keeps_each_members_gossiped_samples_bounded() -> None:
     assert ring.matrix("b") == {"cpu": [4.0, 5.0, 6.0], "mem": [None, None, 2.0]}
     ring.on_item("health", AppData("health", "c", None, "c", 2))  # c left: its ring goes
     assert ring.matrix("c") == {} and len(ring) == 1
+
+
+def test_favicon_is_served_without_a_session(agent: dict[str, Any]) -> None:
+    """Issue 27 item 19: the browser asks /favicon.ico on every page, logged in or not; a
+    401 there was a console error on each one."""
+    icon = (resources.files("kovanex.ui") / "static" / "favicon.ico").read_bytes()
+    for path in ("/favicon.ico", "/ui/static/favicon.ico"):
+        status, headers, body = request(agent["port"], "GET", path)
+        assert status == 200 and body == icon, path
+        assert headers["content-type"] == "image/x-icon"
+    assert icon[:4] == b"\0\0\1\0"  # an ICO header: one image follows
+    _, _, login = request(agent["port"], "GET", "/ui/login")
+    assert b'rel="icon" href="/ui/static/favicon.ico' in login

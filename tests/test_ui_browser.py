@@ -18,6 +18,7 @@ from tests.uikit import (
     browser_login,
     browser_missing,
     chrome,
+    console_errors,
     http_port,
     start_cluster,
     tagged_release,
@@ -59,6 +60,16 @@ def drv(cluster: dict[str, Any]) -> Iterator[Any]:
         yield d
     finally:
         d.quit()
+
+
+@pytest.fixture(autouse=True)
+def no_console_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Issue 27 item 19: whatever a test did in the shared browser, the console stayed clean
+    (no 401 for /favicon.ico, no failed request, no script error)."""
+    yield
+    if "drv" in request.fixturenames:
+        errors = console_errors(request.getfixturevalue("drv"))
+        assert errors == [], f"console errors: {errors}"
 
 
 def by(css: str) -> tuple[str, str]:
@@ -121,6 +132,7 @@ def test_no_session_gets_the_login_page_and_no_data(cluster: dict[str, Any], sho
         src = d.page_source
         assert "wu2" not in src and "wu3" not in src and "cluster-graph" not in src
         d.save_screenshot(str(shots / "login.png"))
+        assert console_errors(d) == []  # the login page too: its favicon needs no session
         d.get(cluster["base"] + "/v1/events")  # the stream needs the cookie too
         assert "unauthorized" in d.page_source
     finally:
