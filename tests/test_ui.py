@@ -343,3 +343,109 @@ def test_favicon_is_served_without_a_session(agent: dict[str, Any]) -> None:
     assert icon[:4] == b"\0\0\1\0"  # an ICO header: one image follows
     _, _, login = request(agent["port"], "GET", "/ui/login")
     assert b'rel="icon" href="/ui/static/favicon.ico' in login
+
+
+def test_release_cell_keeps_a_space_between_the_commit_and_the_gates() -> None:
+    """Issue 27 item 20: it read "v1 verified 04b483c112bbno gates"."""
+    from kovanex.ui.envviews import release_cell
+
+    cell = release_cell("r", {"version": "v1", "verified": True, "commit": "04b483c112bb77"})
+    assert re.sub(r"<[^>]+>", "", cell) == "v1 verified 04b483c112bb no gates"
+
+
+def test_an_env_edge_and_a_replication_edge_between_two_nodes_are_drawn_apart() -> None:
+    """Issue 27 item 21: one line each, apart, each with its own visible label."""
+    members = [
+        {"name": "a", "labels": {"env": "dev"}, "repos_owned": ["shop"]},
+        {"name": "b", "labels": {"env": "staging"}, "repos_replica": ["shop"]},
+    ]
+    svg = cluster_svg(members, "a")
+    edges = re.findall(r'<g class="edge edge-(\w+)" data-src="a" data-dst="b">(.*?)</g>', svg)
+    assert [k for k, _ in edges] == ["env", "replication"], svg
+    lines, labels = [], []
+    for _, g in edges:
+        m = re.search(r'<line x1="(-?\d+)" y1="(-?\d+)" x2="(-?\d+)" y2="(-?\d+)"', g)
+        assert m, g
+        lines.append(tuple(int(v) for v in m.groups()))
+        t = re.search(
+            r'<text x="(-?\d+)" y="(-?\d+)"[^>]*class="edge-label"[^>]*>([^<]*)</text>', g
+        )
+        assert t, g
+        labels.append((int(t.group(1)), int(t.group(2)), t.group(3)))
+    (ax1, ay1, ax2, ay2), (bx1, by1, bx2, by2) = lines
+    assert min(abs(ax1 - bx1) + abs(ay1 - by1), abs(ax2 - bx2) + abs(ay2 - by2)) >= 10, lines
+    assert [t for _, _, t in labels] == ["promote", "replica: shop"]
+    assert abs(labels[0][0] - labels[1][0]) + abs(labels[0][1] - labels[1][1]) >= 10, labels
+    # a lone edge keeps its straight line between the boxes, label beside it
+    lone = cluster_svg(members[:1] + [{"name": "b", "labels": {"env": "staging"}}], "a")
+    assert lone.count('class="edge-label"') == 1 and ">promote</text>" in lone
+
+
+def test_task_buttons_match_the_task_state(agent: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 27 item 21: Cancel only on a live task, Retry only on a failed or cancelled one,
+    neither on one that succeeded; and they follow the state in the live block."""
+    n, port = agent["node"], agent["port"]
+    cookie = login_cookie(port, agent["admin"])
+    dest = tmp_path / "w"
+    for name, run in (("ok", "true"), ("slow", "sleep 120")):
+        clone_with_task(n, "btn", dest, name, f'[[steps]]\nname = "s"\nrun = "{run}"\n')
+        git("push", "-q", "origin", f"task/{name}", cwd=dest)
+
+    def page(task: str) -> bytes:
+        return request(port, "GET", f"/ui/tasks/btn/{task}?frag=1", headers={"Cookie": cookie})[2]
+
+    def buttons(task: str) -> set[str]:
+        return set(re.findall(rb'<button type="submit" id="(cancel|retry)"', page(task)))
+
+    wait_for(lambda: b'data-state="succeeded"' in page("ok"), 60, "ok succeeded")
+    assert buttons("ok") == set()
+    wait_for(lambda: b'data-state="running"' in page("slow"), 60, "slow running")
+    assert buttons("slow") == {b"cancel"}
+    whole = request(port, "GET", "/ui/tasks/btn/slow", headers={"Cookie": cookie})[2]
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(port, "POST", "/ui/tasks/btn/slow/cancel",
+                              f"csrf={csrf_of(whole)}", hdr)  # fmt: skip
+    assert status == 200 and b"cancelled" in body, body
+    wait_for(lambda: b'data-state="cancelled"' in page("slow"), 30, "slow cancelled")
+    assert buttons("slow") == {b"retry"}
+    assert b'name="back" value="/ui/tasks/btn/slow"' in page("slow")  # not the ?frag=1 URL
+
+
+def test_environments_render_events_and_approve_only_a_waiting_promotion(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 27 items 20 and 21: the recent promotion events are a table of fields, not
+    Python dict reprs; an Approve button shows while dev/v1 waits for its approval, in the
+    promotions and the branches table, and on neither once it is released."""
+    port = agent["port"]
+    tagged_release(agent["node"], "rel1", tmp_path / "rel1", agent["admin"], approvals=1)
+    cookie = login_cookie(port, agent["admin"])
+
+    def page() -> bytes:
+        return request(port, "GET", "/ui/envs", headers={"Cookie": cookie})[2]
+
+    wait_for(lambda: b'data-state="waiting"' in promotion_row(page(), b"dev/v1"), 90, "waiting")
+    whole = page()
+    action = b'action="/ui/envs/rel1/promotion/dev/v1/approve"'
+    assert whole.count(action) == 2  # its promotions row and its branch
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(port, "POST", "/ui/envs/rel1/promotion/dev/v1/approve",
+                              f"csrf={csrf_of(whole)}", hdr)  # fmt: skip
+    assert status == 200 and b'class="err"' not in body, body
+    wait_for(lambda: b'<b class="release">v1</b>' in promotion_row(page(), b"rel1"), 60,
+             "v1 released into dev")  # fmt: skip
+    done = page()
+    assert b"refs/heads/promotion/dev/v1" in done or b"promotion/dev/v1" in done  # still listed
+    assert action not in done
+    events = re.search(rb'<table id="promotion-events">.*?</table>', done, re.S)
+    assert events, "no promotion events table"
+    table_html = events.group(0)
+    assert b"{&#x27;" not in table_html and b"{'" not in table_html  # no dict repr
+    heads = re.findall(rb"<th>([^<]*)</th>", table_html)
+    assert heads == [b"time (UTC)", b"repo", b"promotion", b"event", b"status", b"message"]
+    rows = re.findall(rb"<tr><td>.*?</tr>", table_html, re.S)
+    cells = [re.findall(rb"<td>(.*?)</td>", r, re.S) for r in rows]
+    mine = [c for c in cells if c[1] == b"rel1"]
+    assert {c[3] for c in mine} >= {b"opened", b"approved"}, cells
+    assert all(re.fullmatch(rb"\d\d:\d\d:\d\d", c[0]) for c in mine)
+    assert all(b'<span class="promotion">dev/v1</span>' == c[2] for c in mine)

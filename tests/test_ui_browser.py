@@ -230,6 +230,7 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
     wait_for(lambda: "started" in text(drv, "#log-1"), 20, "the step's log streaming in")
     assert "placed" in text(drv, "#timeline") and "score:" in text(drv, "#timeline")
     drv.save_screenshot(str(shots / "task.png"))
+    assert buttons(drv) == ["cancel"]  # a live task: no Retry
     mark_page(drv)
     click(drv, "button#cancel")
     wait_for(lambda: _alert(drv), 10, "the confirmation dialog").accept()
@@ -238,8 +239,16 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
     )
     assert not_reloaded(drv), "the page reloaded: the change did not arrive live"
     assert "cancelled" in text(drv, "#flash")
+    wait_for(lambda: buttons(drv) == ["retry"], 10, "Retry instead of Cancel, live")
     assert "cancelled" in text(drv, "#timeline")
     drv.save_screenshot(str(shots / "task-cancelled.png"))
+
+
+def buttons(drv: Any) -> list[str]:
+    """The ids of the task page's action buttons, read in one script."""
+    return drv.execute_script(
+        "return Array.from(document.querySelectorAll('#task-actions button')).map(b => b.id)"
+    )
 
 
 def _alert(drv: Any) -> Any:

@@ -227,6 +227,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     order = [e for e in g.get("env_order", []) if e in by_env]
     rows = [[esc(e), esc(", ".join(by_env[e]))] for e in order]
     path = " → ".join(order) or "no env labels on any node"
+    promotions, approvable = await envviews.promotions_part(page)
     releases: list[list[str]] = []
     for repo in sorted(page.a.repos.all()):
         if not page.who.may("read", repo):
@@ -235,21 +236,21 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         refs = await _env_refs(git_dir)
         for ref, oid, subject in refs:
             env = ref.split("/", 2)[1] if ref.startswith("env/") else ""
+            pid = ref.removeprefix("promotion/")
             acts = (
                 page.button(f"/ui/envs/{repo}/{env}/rollback", "Roll back",
                             f"Roll back {env} of {repo}?", scope="push", repo=repo)
                 if env else
                 page.button(f"/ui/envs/{repo}/{ref}/approve", "Approve",
                             f"Approve {ref} of {repo}?", scope="push", repo=repo)
+                if (repo, pid) in approvable else ""  # released, failed...: nothing to approve
             )  # fmt: skip
             releases.append([esc(repo), esc(ref), f"<code>{esc(oid)}</code>", esc(subject), acts])
-    events = [
-        [esc(e["index"]), esc(e["payload"])] for e in page.a.api.hub.since(0, ["promotion"])[-20:]
-    ]
+    events = page.a.api.hub.since(0, ["promotion"])[-20:]
     part = (
         table(["environment", "nodes"], rows, tid="envs", empty="no environments")
         + f"<p>promotion path: {esc(path)}</p>"
-        + await envviews.promotions_part(page)
+        + promotions
         + "<h2>Branches</h2>"
         + table(
             ["repo", "ref", "commit", "subject", ""],
@@ -258,7 +259,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
             empty="no env/ or promotion/ branches in the repos on this node",
         )  # fmt: skip
         + "<h2>Recent promotion events</h2>"
-        + table(["index", "event"], events, empty="none since this agent started")
+        + envviews.events_table(events)
     )
     whole = "<h1>Environments</h1>" + live("/ui/envs?frag=1", "promotion", part, eid="env")
     return answer(page, q, "Environments", "envs", part, whole)
