@@ -449,3 +449,44 @@ def test_environments_render_events_and_approve_only_a_waiting_promotion(
     assert {c[3] for c in mine} >= {b"opened", b"approved"}, cells
     assert all(re.fullmatch(rb"\d\d:\d\d:\d\d", c[0]) for c in mine)
     assert all(b'<span class="promotion">dev/v1</span>' == c[2] for c in mine)
+
+
+def test_unit_lifecycle_on_this_nodes_page(agent: dict[str, Any]) -> None:
+    """Issue 27 item 22, this node's side (in-process router): Deprovision and Provision
+    buttons for an admin, a Drain per unit, none for a read token; each reaches the API
+    and the flash says what it did, or the API's refusal."""
+    port = agent["port"]
+    auth = {"Authorization": f"Bearer {agent['admin']}"}
+
+    def units() -> list[dict[str, Any]]:
+        return json.loads(request(port, "GET", "/v1/units", headers=auth)[2])["units"]
+
+    wait_for(lambda: all(u["task"] == "-" for u in units()), 60, "every unit idle")
+    paths = [Path(u["path"]) for u in units()]
+    assert paths and all(p.is_dir() for p in paths), "units are on in this test's node"
+    cookie = login_cookie(port, agent["admin"])
+    page = request(port, "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})[2]
+    for bid in ("units-provision", "units-deprovision", "drain-unit-0"):
+        assert f'id="{bid}"'.encode() in page, bid
+    assert b"<td>labels</td><td>env=dev</td>" in page and b"{&#x27;" not in page  # no reprs
+    reader = login_cookie(port, agent["reader"])
+    rpage = request(port, "GET", "/ui/nodes/uh1", headers={"Cookie": reader})[2]
+    assert b'id="units"' in rpage and b"/units/" not in rpage  # read scope: no buttons
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    form = f"csrf={csrf_of(page)}"
+
+    def act(path: str) -> bytes:
+        status, _, body = request(port, "POST", path, form, hdr)
+        assert status == 200, (path, status, body)
+        return body
+
+    body = act("/ui/nodes/uh1/units/deprovision")
+    assert f"uh1: {len(paths)} compute units deprovisioned".encode() in body, body
+    assert not any(p.exists() for p in paths)  # the API removed them
+    body = act("/ui/nodes/uh1/units/provision")
+    assert f"uh1: {len(paths)} compute units provisioned".encode() in body, body
+    assert all(p.is_dir() for p in paths)
+    body = act("/ui/nodes/uh1/units/0/drain")
+    assert b"uh1 unit 0 drained: stood down no run, killed 0 processes" in body, body
+    body = act("/ui/nodes/uh1/units/999/drain")  # the API's 404, shown as an error
+    assert b'class="err"' in body and b"DrainUnit on uh1: no compute unit 999" in body, body

@@ -5,6 +5,7 @@ A PNG of each view goes to the test's tmp dir."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -336,6 +337,71 @@ def test_environments_view_shows_gate_verdicts_and_approves(
                  "the gate task's link")  # fmt: skip
     drv.get(href)
     assert "Task rel/" in text(drv, "h1")
+
+
+HOLD = """[placement]
+labels = { env = "staging" }
+[[steps]]
+name = "hold"
+run = "echo holding; sleep 300"
+"""
+
+
+def test_unit_lifecycle_from_the_browser(drv: Any, cluster: dict[str, Any], shots: Path) -> None:
+    """Issue 27 item 22: wu2's units driven from wu1's dashboard (each call goes to wu2's
+    own /v1 with the session's token). Deprovision of a busy node shows the API's refusal;
+    Drain stands the unit's run down and kills its processes; Deprovision and Provision
+    remove and recreate the units' paths. Each effect is read back from wu2's API."""
+    from kovanex.client import ApiError as ClientError
+    from kovanex.client import Client
+
+    wu1 = cluster["nodes"][0]
+    api = Client(f"http://127.0.0.1:{http_port(cluster['nodes'][1])}", cluster["token"], 30,
+                 from_env=False)  # fmt: skip
+    dest = clone_with_task(wu1, "lc", cluster["root"] / "lc", "hold", HOLD)
+    git("push", "-q", "origin", "task/hold", cwd=dest)
+
+    def units() -> list[dict[str, Any]]:
+        return api.call("ListUnits")["units"]
+
+    def pids(index: int) -> set[int]:  # InspectUnit (Client.call's `index` is the query's)
+        status, _, body = api.request("GET", f"/v1/units/{index}")
+        assert status == 200, body
+        return set(json.loads(body)["pids"])
+
+    wait_for(lambda: any(u["task"] == "lc/hold" for u in units()), 60, "lc/hold in a wu2 unit")
+    i = next(u["index"] for u in units() if u["task"] == "lc/hold")
+    before = wait_for(lambda: pids(i), 30, "the step's processes in its unit")
+    with pytest.raises(ClientError) as refused:  # what the API itself answers now
+        api.call("DeprovisionUnits", {"delete_users": False})
+    assert refused.value.status == 409
+    drv.get(cluster["base"] + "/ui/nodes/wu2")
+    wait_for(lambda: "lc/hold" in text(drv, "#units tbody"), 20, "the busy unit on wu2's page")
+    mark_page(drv)
+
+    def act(button: str, want: str, css: str = "#flash") -> None:
+        click(drv, f"button#{button}")
+        wait_for(lambda: _alert(drv), 10, f"{button}'s confirmation dialog").accept()
+        wait_for(lambda: want in text(drv, css), 30, f"{want!r} in {css}")
+
+    act("units-deprovision", refused.value.message, "#flash .err")  # not a silent no-op
+    assert all(Path(u["path"]).is_dir() for u in units())
+    drv.save_screenshot(str(shots / "units-refused.png"))
+    act(f"drain-unit-{i}", f"wu2 unit {i} drained: stood down lc/hold")
+    assert not before & pids(i), "the drained unit's processes are still there"
+
+    wu1.kx("task", "cancel", "hold", "--repo", "lc")
+    wait_for(lambda: all(u["task"] == "-" for u in units()), 30, "wu2's units idle")
+    api.call("DrainNode", {"enable": True}, name="wu2")  # as an operator would, first
+    paths = [Path(u["path"]) for u in units()]
+    act("units-deprovision", f"wu2: {len(paths)} compute units deprovisioned")
+    assert paths and not any(p.exists() for p in paths)
+    act("units-provision", f"wu2: {len(paths)} compute units provisioned")
+    assert all(p.is_dir() for p in paths)
+    api.call("DrainNode", {"enable": False}, name="wu2")
+    assert not_reloaded(drv)
+    drv.save_screenshot(str(shots / "units.png"))
+    api.close()
 
 
 def test_kill_a_node_and_see_it_turn_suspect_then_dead(

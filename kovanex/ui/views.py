@@ -7,21 +7,17 @@ server, and marks the parts that change with `live(...)` so htmx re-fetches them
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
-from kovanex.client import ApiError as ClientError
-from kovanex.client import Client
 from kovanex.gitstate import gitcli
 from kovanex.net.http11 import HttpResponse
-from kovanex.ui import envviews, taskviews
+from kovanex.ui import envviews, taskviews, unitviews
 from kovanex.ui.page import Page, UiError, esc, live, table
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
 
 HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
 Query = dict[str, str]
-REMOTE_TIMEOUT_S = 3.0
 
 
 def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str) -> HttpResponse:
@@ -32,6 +28,16 @@ def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str)
 
 def status_cell(status: str) -> str:
     return f'<span class="status-{esc(status)}" data-status="{esc(status)}">{esc(status)}</span>'
+
+
+def fact_cell(v: Any) -> str:
+    """A node fact as a reader writes it: labels `k=v`, lists comma-separated (not the
+    Python reprs `{'env': 'dev'}` and `[]`)."""
+    if isinstance(v, dict):
+        return esc(" ".join(f"{k}={val}" for k, val in sorted(v.items())) or "-")
+    if isinstance(v, list | tuple):
+        return esc(", ".join(str(x) for x in v) or "-")
+    return esc(v)
 
 
 # -- cluster -------------------------------------------------------------------------------
@@ -110,24 +116,13 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     n = await page.api.call("GET", f"/v1/nodes/{name}")
     facts = table(
         ["field", "value"],
-        [[esc(k), status_cell(str(v)) if k == "status" else esc(v)] for k, v in sorted(n.items())],
+        [
+            [esc(k), status_cell(str(v)) if k == "status" else fact_cell(v)]
+            for k, v in sorted(n.items())
+        ],  # fmt: skip
         tid="node-facts",
     )
-    units = await node_units(page, name, n.get("http") or "")
-    if units is not None:
-        rows = [
-            [esc(u["index"]), esc(u.get("user")), "busy" if u["task"] != "-" else "idle",
-             taskviews.task_link(u["task"])]
-            for u in units
-        ]  # fmt: skip
-        unit_html = table(["unit", "user", "state", "current task"], rows, tid="units",
-                          empty="no compute units (units are off on this node)")  # fmt: skip
-    else:
-        http = n.get("http") or ""
-        link = f'<a href="{esc(http)}/ui/nodes/{esc(name)}">{esc(http)}</a>' if http else "-"
-        unit_html = (
-            f"<p>{esc(name)} did not answer for its compute units; its own dashboard: {link}</p>"  # noqa: E501
-        )
+    unit_html = await unitviews.units_part(page, name, str(n.get("http") or ""))
     cordoned = bool(n.get("cordoned"))
     actions = page.button(
         f"/ui/nodes/{name}/cordon", "Uncordon" if cordoned else "Cordon",
@@ -142,27 +137,6 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         f"/ui/nodes/{name}?frag=1", "member,task", part, eid="node"
     )
     return answer(page, q, f"Node {name}", "cluster", part, whole)
-
-
-async def node_units(page: Page, name: str, http: str) -> list[dict[str, Any]] | None:
-    """A node's units: ours from the router in-process, another's from its own listener
-    (ListUnits is local to each node), with this session's token; None if it is gone."""
-    if name == page.node:
-        return (await page.api.call("GET", "/v1/units"))["units"]
-    if not http.startswith("http://"):
-        return None
-
-    def ask() -> Any:
-        c = Client(http, page.api.token, REMOTE_TIMEOUT_S, from_env=False)
-        try:
-            return c.call("ListUnits")["units"]
-        finally:
-            c.close()
-
-    try:
-        return await asyncio.to_thread(ask)
-    except (OSError, ClientError, ValueError, KeyError):
-        return None
 
 
 async def node_action(page: Page, m: re.Match[str], form: Query) -> str:
@@ -291,6 +265,7 @@ VIEWS = [
 ACTIONS = [
     (rf"/ui/nodes/{NAME}/(?P<verb>drain|cordon)", node_action),
     (r"/ui/scale/apply", scale_apply),
+    *unitviews.ACTIONS,
     (r"/ui/envs/(?P<repo>[^/]+)/(?P<ref>.+)/(?P<verb>approve|rollback)", env_action),
     *taskviews.ACTIONS,
 ]
