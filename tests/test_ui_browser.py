@@ -155,6 +155,7 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
         assert name in graph and f"env={env}" in graph
     assert "FULL" in graph.upper() and "runner units" in graph
     assert len(drv.find_elements(*by("#cluster-graph .edge-env"))) == 2  # dev→staging→prod
+    assert text(drv, "#cluster-graph .edge-env .edge-label") == "promote promote"  # visible
     rows = text(drv, "#nodes tbody")
     assert all(n in rows for n in NAMES)
     drv.save_screenshot(str(shots / "cluster.png"))

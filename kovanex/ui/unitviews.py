@@ -109,6 +109,7 @@ async def units_part(page: Page, name: str, http: str) -> str:
         "cgroups? Steps cannot run in them until they are provisioned again.",
         scope="admin", fields=back, bid="units-deprovision",
     )  # fmt: skip
+    acts = acts if units else ""  # units are off here: nothing to provision or remove
     return f'<p class="actions" id="unit-actions">{acts}</p>' + table(
         ["unit", "user", "state", "current task", "path", ""], rows, tid="units",
         empty="no compute units (units are off on this node)",
