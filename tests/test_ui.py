@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -45,13 +46,18 @@ def csrf_of(html: bytes) -> str:
 def test_without_a_session_every_page_is_the_login_form(agent: dict[str, Any]) -> None:
     for path in ("/ui/", "/ui/health", "/ui/tasks", "/ui/envs", "/ui/nodes/uh1", "/ui/?frag=1"):
         status, headers, body = request(agent["port"], "GET", path)
-        assert status == 401, path
-        assert b'action="/ui/login"' in body and b'name="token"' in body
+        # a redirect to the login form (a 401 document is a console error in the browser)
+        assert status == 303 and headers["location"] == "/ui/login?next=" + quote(path, ""), path
         assert b"uh1</a>" not in body and b"cluster-graph" not in body, path
+        status, _, body = request(agent["port"], "GET", headers["location"])
+        assert status == 200 and b'name="token"' in body
+        assert f'name="next" value="{path}"'.encode() in body, path
+    status, _, body = request(agent["port"], "GET", "/ui/tasks", headers={"HX-Request": "true"})
+    assert status == 401 and b'name="token"' in body  # a live block asks: no redirect
     status, _, body = request(
         agent["port"], "GET", "/ui/", headers={"Cookie": "kovanex_session=kxu_nope"}
     )
-    assert status == 401 and b"cluster-graph" not in body
+    assert status == 303 and b"cluster-graph" not in body
     status, _, _ = request(agent["port"], "POST", "/ui/nodes/uh1/cordon", "enable=1", FORM)
     assert status == 401
 
@@ -79,7 +85,8 @@ def test_every_post_needs_the_csrf_token(agent: dict[str, Any]) -> None:
     token = csrf_of(page)
     wrong = ("1" if token[0] == "0" else "0") + token[1:]  # one hex digit off, never equal
     for path in ("/ui/nodes/uh1/cordon", "/ui/nodes/uh1/drain", "/ui/scale/apply",
-                 "/ui/tasks/r/t/cancel", "/ui/logout"):  # fmt: skip
+                 "/ui/tasks/r/t/cancel", "/ui/nodes/uh1/units/deprovision",
+                 "/ui/nodes/uh1/units/0/drain", "/ui/logout"):  # fmt: skip
         assert request(agent["port"], "POST", path, "enable=1", hdr)[0] == 403, path
         assert request(agent["port"], "POST", path, f"csrf={wrong}", hdr)[0] == 403, path
     # another session's token is no good either
@@ -324,3 +331,164 @@ def test_health_ring_keeps_each_members_gossiped_samples_bounded() -> None:
     assert ring.matrix("b") == {"cpu": [4.0, 5.0, 6.0], "mem": [None, None, 2.0]}
     ring.on_item("health", AppData("health", "c", None, "c", 2))  # c left: its ring goes
     assert ring.matrix("c") == {} and len(ring) == 1
+
+
+def test_favicon_is_served_without_a_session(agent: dict[str, Any]) -> None:
+    """Issue 27 item 19: the browser asks /favicon.ico on every page, logged in or not; a
+    401 there was a console error on each one."""
+    icon = (resources.files("kovanex.ui") / "static" / "favicon.ico").read_bytes()
+    for path in ("/favicon.ico", "/ui/static/favicon.ico"):
+        status, headers, body = request(agent["port"], "GET", path)
+        assert status == 200 and body == icon, path
+        assert headers["content-type"] == "image/x-icon"
+    assert icon[:4] == b"\0\0\1\0"  # an ICO header: one image follows
+    _, _, login = request(agent["port"], "GET", "/ui/login")
+    assert b'rel="icon" href="/ui/static/favicon.ico' in login
+
+
+def test_release_cell_keeps_a_space_between_the_commit_and_the_gates() -> None:
+    """Issue 27 item 20: it read "v1 verified 04b483c112bbno gates"."""
+    from kovanex.ui.envviews import release_cell
+
+    cell = release_cell("r", {"version": "v1", "verified": True, "commit": "04b483c112bb77"})
+    assert re.sub(r"<[^>]+>", "", cell) == "v1 verified 04b483c112bb no gates"
+
+
+def test_an_env_edge_and_a_replication_edge_between_two_nodes_are_drawn_apart() -> None:
+    """Issue 27 item 21: one line each, apart, each with its own visible label."""
+    members = [
+        {"name": "a", "labels": {"env": "dev"}, "repos_owned": ["shop"]},
+        {"name": "b", "labels": {"env": "staging"}, "repos_replica": ["shop"]},
+    ]
+    svg = cluster_svg(members, "a")
+    edges = re.findall(r'<g class="edge edge-(\w+)" data-src="a" data-dst="b">(.*?)</g>', svg)
+    assert [k for k, _ in edges] == ["env", "replication"], svg
+    lines, labels = [], []
+    for _, g in edges:
+        m = re.search(r'<line x1="(-?\d+)" y1="(-?\d+)" x2="(-?\d+)" y2="(-?\d+)"', g)
+        assert m, g
+        lines.append(tuple(int(v) for v in m.groups()))
+        t = re.search(
+            r'<text x="(-?\d+)" y="(-?\d+)"[^>]*class="edge-label"[^>]*>([^<]*)</text>', g
+        )
+        assert t, g
+        labels.append((int(t.group(1)), int(t.group(2)), t.group(3)))
+    (ax1, ay1, ax2, ay2), (bx1, by1, bx2, by2) = lines
+    assert min(abs(ax1 - bx1) + abs(ay1 - by1), abs(ax2 - bx2) + abs(ay2 - by2)) >= 10, lines
+    assert [t for _, _, t in labels] == ["promote", "replica: shop"]
+    assert abs(labels[0][0] - labels[1][0]) + abs(labels[0][1] - labels[1][1]) >= 10, labels
+    # a lone edge keeps its straight line between the boxes, label beside it
+    lone = cluster_svg(members[:1] + [{"name": "b", "labels": {"env": "staging"}}], "a")
+    assert lone.count('class="edge-label"') == 1 and ">promote</text>" in lone
+
+
+def test_task_buttons_match_the_task_state(agent: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 27 item 21: Cancel only on a live task, Retry only on a failed or cancelled one,
+    neither on one that succeeded; and they follow the state in the live block."""
+    n, port = agent["node"], agent["port"]
+    cookie = login_cookie(port, agent["admin"])
+    dest = tmp_path / "w"
+    for name, run in (("ok", "true"), ("slow", "sleep 120")):
+        clone_with_task(n, "btn", dest, name, f'[[steps]]\nname = "s"\nrun = "{run}"\n')
+        git("push", "-q", "origin", f"task/{name}", cwd=dest)
+
+    def page(task: str) -> bytes:
+        return request(port, "GET", f"/ui/tasks/btn/{task}?frag=1", headers={"Cookie": cookie})[2]
+
+    def buttons(task: str) -> set[str]:
+        return set(re.findall(rb'<button type="submit" id="(cancel|retry)"', page(task)))
+
+    wait_for(lambda: b'data-state="succeeded"' in page("ok"), 60, "ok succeeded")
+    assert buttons("ok") == set()
+    wait_for(lambda: b'data-state="running"' in page("slow"), 60, "slow running")
+    assert buttons("slow") == {b"cancel"}
+    whole = request(port, "GET", "/ui/tasks/btn/slow", headers={"Cookie": cookie})[2]
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(port, "POST", "/ui/tasks/btn/slow/cancel",
+                              f"csrf={csrf_of(whole)}", hdr)  # fmt: skip
+    assert status == 200 and b"cancelled" in body, body
+    wait_for(lambda: b'data-state="cancelled"' in page("slow"), 30, "slow cancelled")
+    assert buttons("slow") == {b"retry"}
+    assert b'name="back" value="/ui/tasks/btn/slow"' in page("slow")  # not the ?frag=1 URL
+
+
+def test_environments_render_events_and_approve_only_a_waiting_promotion(
+    agent: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 27 items 20 and 21: the recent promotion events are a table of fields, not
+    Python dict reprs; an Approve button shows while dev/v1 waits for its approval, in the
+    promotions and the branches table, and on neither once it is released."""
+    port = agent["port"]
+    tagged_release(agent["node"], "rel1", tmp_path / "rel1", agent["admin"], approvals=1)
+    cookie = login_cookie(port, agent["admin"])
+
+    def page() -> bytes:
+        return request(port, "GET", "/ui/envs", headers={"Cookie": cookie})[2]
+
+    wait_for(lambda: b'data-state="waiting"' in promotion_row(page(), b"dev/v1"), 90, "waiting")
+    whole = page()
+    action = b'action="/ui/envs/rel1/promotion/dev/v1/approve"'
+    assert whole.count(action) == 2  # its promotions row and its branch
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    status, _, body = request(port, "POST", "/ui/envs/rel1/promotion/dev/v1/approve",
+                              f"csrf={csrf_of(whole)}", hdr)  # fmt: skip
+    assert status == 200 and b'class="err"' not in body, body
+    wait_for(lambda: b'<b class="release">v1</b>' in promotion_row(page(), b"rel1"), 60,
+             "v1 released into dev")  # fmt: skip
+    done = page()
+    branches = re.search(rb'<table id="releases">.*?</table>', done, re.S)
+    assert branches and b"<td>promotion/dev/v1</td>" in branches.group(0)  # still listed...
+    assert action not in done  # ...with nothing left to approve
+    events = re.search(rb'<table id="promotion-events">.*?</table>', done, re.S)
+    assert events, "no promotion events table"
+    table_html = events.group(0)
+    assert b"{&#x27;" not in table_html and b"{'" not in table_html  # no dict repr
+    heads = re.findall(rb"<th>([^<]*)</th>", table_html)
+    assert heads == [b"time (UTC)", b"repo", b"promotion", b"event", b"status", b"message"]
+    rows = re.findall(rb"<tr><td>.*?</tr>", table_html, re.S)
+    cells = [re.findall(rb"<td>(.*?)</td>", r, re.S) for r in rows]
+    mine = [c for c in cells if c[1] == b"rel1"]
+    assert {c[3] for c in mine} >= {b"opened", b"approved"}, cells
+    assert all(re.fullmatch(rb"\d\d:\d\d:\d\d", c[0]) for c in mine)
+    assert all(b'<span class="promotion">dev/v1</span>' == c[2] for c in mine)
+
+
+def test_unit_lifecycle_on_this_nodes_page(agent: dict[str, Any]) -> None:
+    """Issue 27 item 22, this node's side (in-process router): Deprovision and Provision
+    buttons for an admin, a Drain per unit, none for a read token; each reaches the API
+    and the flash says what it did, or the API's refusal."""
+    port = agent["port"]
+    auth = {"Authorization": f"Bearer {agent['admin']}"}
+
+    def units() -> list[dict[str, Any]]:
+        return json.loads(request(port, "GET", "/v1/units", headers=auth)[2])["units"]
+
+    wait_for(lambda: all(u["task"] == "-" for u in units()), 60, "every unit idle")
+    paths = [Path(u["path"]) for u in units()]
+    assert paths and all(p.is_dir() for p in paths), "units are on in this test's node"
+    cookie = login_cookie(port, agent["admin"])
+    page = request(port, "GET", "/ui/nodes/uh1", headers={"Cookie": cookie})[2]
+    for bid in ("units-provision", "units-deprovision", "drain-unit-0"):
+        assert f'id="{bid}"'.encode() in page, bid
+    assert b"<td>labels</td><td>env=dev</td>" in page and b"{&#x27;" not in page  # no reprs
+    reader = login_cookie(port, agent["reader"])
+    rpage = request(port, "GET", "/ui/nodes/uh1", headers={"Cookie": reader})[2]
+    assert b'id="units"' in rpage and b"/units/" not in rpage  # read scope: no buttons
+    hdr = {**FORM, "Cookie": cookie, "HX-Request": "true"}
+    form = f"csrf={csrf_of(page)}"
+
+    def act(path: str) -> bytes:
+        status, _, body = request(port, "POST", path, form, hdr)
+        assert status == 200, (path, status, body)
+        return body
+
+    body = act("/ui/nodes/uh1/units/deprovision")
+    assert f"uh1: {len(paths)} compute units deprovisioned".encode() in body, body
+    assert not any(p.exists() for p in paths)  # the API removed them
+    body = act("/ui/nodes/uh1/units/provision")
+    assert f"uh1: {len(paths)} compute units provisioned".encode() in body, body
+    assert all(p.is_dir() for p in paths)
+    body = act("/ui/nodes/uh1/units/0/drain")
+    assert b"uh1 unit 0 drained: stood down no run, killed 0 processes" in body, body
+    body = act("/ui/nodes/uh1/units/999/drain")  # the API's 404, shown as an error
+    assert b'class="err"' in body and b"DrainUnit on uh1: no compute unit 999" in body, body

@@ -5,6 +5,7 @@ A PNG of each view goes to the test's tmp dir."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from tests.uikit import (
     browser_login,
     browser_missing,
     chrome,
+    console_errors,
     http_port,
     start_cluster,
     tagged_release,
@@ -59,6 +61,16 @@ def drv(cluster: dict[str, Any]) -> Iterator[Any]:
         yield d
     finally:
         d.quit()
+
+
+@pytest.fixture(autouse=True)
+def no_console_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Issue 27 item 19: whatever a test did in the shared browser, the console stayed clean
+    (no 401 for /favicon.ico, no failed request, no script error)."""
+    yield
+    if "drv" in request.fixturenames:
+        errors = console_errors(request.getfixturevalue("drv"))
+        assert errors == [], f"console errors: {errors}"
 
 
 def by(css: str) -> tuple[str, str]:
@@ -121,6 +133,7 @@ def test_no_session_gets_the_login_page_and_no_data(cluster: dict[str, Any], sho
         src = d.page_source
         assert "wu2" not in src and "wu3" not in src and "cluster-graph" not in src
         d.save_screenshot(str(shots / "login.png"))
+        assert console_errors(d) == []  # the login page too: its favicon needs no session
         d.get(cluster["base"] + "/v1/events")  # the stream needs the cookie too
         assert "unauthorized" in d.page_source
     finally:
@@ -142,6 +155,7 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
         assert name in graph and f"env={env}" in graph
     assert "FULL" in graph.upper() and "runner units" in graph
     assert len(drv.find_elements(*by("#cluster-graph .edge-env"))) == 2  # dev→staging→prod
+    assert text(drv, "#cluster-graph .edge-env .edge-label") == "promote promote"  # visible
     rows = text(drv, "#nodes tbody")
     assert all(n in rows for n in NAMES)
     drv.save_screenshot(str(shots / "cluster.png"))
@@ -218,6 +232,7 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
     wait_for(lambda: "started" in text(drv, "#log-1"), 20, "the step's log streaming in")
     assert "placed" in text(drv, "#timeline") and "score:" in text(drv, "#timeline")
     drv.save_screenshot(str(shots / "task.png"))
+    assert buttons(drv) == ["cancel"]  # a live task: no Retry
     mark_page(drv)
     click(drv, "button#cancel")
     wait_for(lambda: _alert(drv), 10, "the confirmation dialog").accept()
@@ -226,8 +241,16 @@ def test_cancel_a_running_task_and_see_it_change_without_reload(
     )
     assert not_reloaded(drv), "the page reloaded: the change did not arrive live"
     assert "cancelled" in text(drv, "#flash")
+    wait_for(lambda: buttons(drv) == ["retry"], 10, "Retry instead of Cancel, live")
     assert "cancelled" in text(drv, "#timeline")
     drv.save_screenshot(str(shots / "task-cancelled.png"))
+
+
+def buttons(drv: Any) -> list[str]:
+    """The ids of the task page's action buttons, read in one script."""
+    return drv.execute_script(
+        "return Array.from(document.querySelectorAll('#task-actions button')).map(b => b.id)"
+    )
 
 
 def _alert(drv: Any) -> Any:
@@ -315,6 +338,71 @@ def test_environments_view_shows_gate_verdicts_and_approves(
                  "the gate task's link")  # fmt: skip
     drv.get(href)
     assert "Task rel/" in text(drv, "h1")
+
+
+HOLD = """[placement]
+labels = { env = "staging" }
+[[steps]]
+name = "hold"
+run = "echo holding; sleep 300"
+"""
+
+
+def test_unit_lifecycle_from_the_browser(drv: Any, cluster: dict[str, Any], shots: Path) -> None:
+    """Issue 27 item 22: wu2's units driven from wu1's dashboard (each call goes to wu2's
+    own /v1 with the session's token). Deprovision of a busy node shows the API's refusal;
+    Drain stands the unit's run down and kills its processes; Deprovision and Provision
+    remove and recreate the units' paths. Each effect is read back from wu2's API."""
+    from kovanex.client import ApiError as ClientError
+    from kovanex.client import Client
+
+    wu1 = cluster["nodes"][0]
+    api = Client(f"http://127.0.0.1:{http_port(cluster['nodes'][1])}", cluster["token"], 30,
+                 from_env=False)  # fmt: skip
+    dest = clone_with_task(wu1, "lc", cluster["root"] / "lc", "hold", HOLD)
+    git("push", "-q", "origin", "task/hold", cwd=dest)
+
+    def units() -> list[dict[str, Any]]:
+        return api.call("ListUnits")["units"]
+
+    def pids(index: int) -> set[int]:  # InspectUnit (Client.call's `index` is the query's)
+        status, _, body = api.request("GET", f"/v1/units/{index}")
+        assert status == 200, body
+        return set(json.loads(body)["pids"])
+
+    wait_for(lambda: any(u["task"] == "lc/hold" for u in units()), 60, "lc/hold in a wu2 unit")
+    i = next(u["index"] for u in units() if u["task"] == "lc/hold")
+    before = wait_for(lambda: pids(i), 30, "the step's processes in its unit")
+    with pytest.raises(ClientError) as refused:  # what the API itself answers now
+        api.call("DeprovisionUnits", {"delete_users": False})
+    assert refused.value.status == 409
+    drv.get(cluster["base"] + "/ui/nodes/wu2")
+    wait_for(lambda: "lc/hold" in text(drv, "#units tbody"), 20, "the busy unit on wu2's page")
+    mark_page(drv)
+
+    def act(button: str, want: str, css: str = "#flash") -> None:
+        click(drv, f"button#{button}")
+        wait_for(lambda: _alert(drv), 10, f"{button}'s confirmation dialog").accept()
+        wait_for(lambda: want in text(drv, css), 30, f"{want!r} in {css}")
+
+    act("units-deprovision", refused.value.message, "#flash .err")  # not a silent no-op
+    assert all(Path(u["path"]).is_dir() for u in units())
+    drv.save_screenshot(str(shots / "units-refused.png"))
+    act(f"drain-unit-{i}", f"wu2 unit {i} drained: stood down lc/hold")
+    assert not before & pids(i), "the drained unit's processes are still there"
+
+    wu1.kx("task", "cancel", "hold", "--repo", "lc")
+    wait_for(lambda: all(u["task"] == "-" for u in units()), 30, "wu2's units idle")
+    api.call("DrainNode", {"enable": True}, name="wu2")  # as an operator would, first
+    paths = [Path(u["path"]) for u in units()]
+    act("units-deprovision", f"wu2: {len(paths)} compute units deprovisioned")
+    assert paths and not any(p.exists() for p in paths)
+    act("units-provision", f"wu2: {len(paths)} compute units provisioned")
+    assert all(p.is_dir() for p in paths)
+    api.call("DrainNode", {"enable": False}, name="wu2")
+    assert not_reloaded(drv)
+    drv.save_screenshot(str(shots / "units.png"))
+    api.close()
 
 
 def test_kill_a_node_and_see_it_turn_suspect_then_dead(

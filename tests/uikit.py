@@ -117,6 +117,7 @@ def chrome() -> Any:
     profile = tempfile.mkdtemp(prefix="kovanex-chromium-")
     for f in (*FLAGS, f"--user-data-dir={profile}"):
         opts.add_argument(f)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console_errors reads it
     drv = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
     drv.set_page_load_timeout(30)
     quit_ = drv.quit
@@ -129,6 +130,12 @@ def chrome() -> Any:
 
     drv.quit = quit_and_clean  # type: ignore[method-assign]
     return drv
+
+
+def console_errors(drv: Any) -> list[str]:
+    """The console's SEVERE entries since the last call (a failed load, a JS error, a
+    refused request): each page of the dashboard must leave none."""
+    return [e["message"] for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
 
 
 def browser_login(drv: Any, base: str, token: str) -> None:

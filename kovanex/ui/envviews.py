@@ -8,6 +8,7 @@ the same as `curl` and the buttons only show to a token that may push.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kovanex.ui.page import Page, UiError, esc, table
@@ -49,14 +50,17 @@ def release_cell(repo: str, rel: dict[str, Any] | None) -> str:
     back = f" (rollback of {esc(rel['rollback_of'])})" if rel.get("rollback_of") else ""
     return (
         f'<b class="release">{esc(rel.get("version"))}</b> {mark}{back} '
-        f"<code>{esc(str(rel.get('commit') or '')[:12])}</code>"
+        f"<code>{esc(str(rel.get('commit') or '')[:12])}</code> "
         + gates_cell(repo, rel.get("gates") or [])
     )
 
 
-async def promotions_part(page: Page) -> str:
-    """One row per environment and waiting promotion, for every repo here that has them."""
+async def promotions_part(page: Page) -> tuple[str, set[tuple[str, str]]]:
+    """One row per environment and waiting promotion, for every repo here that has them;
+    and the (repo, promotion id) pairs that wait for an approval now, the only ones an
+    Approve button may show on."""
     rows: list[list[str]] = []
+    approvable: set[tuple[str, str]] = set()
     for repo in sorted(page.a.repos.all()):
         if not page.who.may("read", repo):
             continue
@@ -76,6 +80,8 @@ async def promotions_part(page: Page) -> str:
                 if w is None:
                     cells = ['<span class="empty">nothing waiting</span>', "", "", "", ""]
                 else:
+                    if w.get("status") == "waiting":
+                        approvable.add((repo, str(w["id"])))
                     approve = (
                         page.button(
                             f"/ui/envs/{repo}/promotion/{w['id']}/approve", "Approve",
@@ -96,4 +102,20 @@ async def promotions_part(page: Page) -> str:
         ["repo", "environment", "release held", "waiting", "status", "gate verdicts",
          "approvals", "", ""],
         rows, tid="promotions", empty="no repo here declares environments",
-    )  # fmt: skip
+    ), approvable  # fmt: skip
+
+
+def events_table(events: list[dict[str, Any]]) -> str:
+    """The hub's recent `promotion` events (kovanex/agent/promotions.py `change_of`), one
+    column per field a reader wants: when, which promotion, what happened, its state now."""
+    rows = []
+    for e in reversed(events):  # newest first, as the other tables read
+        p = e.get("payload") or {}
+        when = time.strftime("%H:%M:%S", time.gmtime(float(e.get("time") or 0)))
+        rows.append([
+            esc(when), esc(p.get("repo")), f'<span class="promotion">{esc(p.get("id"))}</span>',
+            esc(p.get("event")), state_cell(p["state"]) if p.get("state") else "",
+            esc(p.get("message")),
+        ])  # fmt: skip
+    return table(["time (UTC)", "repo", "promotion", "event", "status", "message"], rows,
+                 tid="promotion-events", empty="none since this agent started")  # fmt: skip

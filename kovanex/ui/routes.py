@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from kovanex.api.router import SESSION_COOKIE, ApiRouter
 from kovanex.net.http11 import HttpRequest, HttpResponse
@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kovanex.ui")
 HTML = "text/html; charset=utf-8"
-STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".txt": "text/plain"}
+STATIC_TYPES = {
+    ".js": "text/javascript", ".css": "text/css", ".txt": "text/plain", ".ico": "image/x-icon",
+}  # fmt: skip
+FAVICON = "/favicon.ico"  # browsers ask for it on every page; public, like the static files
 STATIC_CACHE = "public, max-age=31536000, immutable"
 MAX_FORM = 64 * 1024
 
@@ -87,9 +90,11 @@ class UiRouter:
         ]
 
     def claims(self, path: str) -> bool:
-        return path == "/ui" or path.startswith("/ui/") or self.api.claims(path)
+        return path in ("/ui", FAVICON) or path.startswith("/ui/") or self.api.claims(path)
 
     async def handle(self, req: HttpRequest) -> HttpResponse:
+        if req.path == FAVICON:  # no session needed: a 401 here is a console error per page
+            return self._file("favicon.ico")
         if not (req.path == "/ui" or req.path.startswith("/ui/")):
             return await self.api.handle(req)
         try:
@@ -130,7 +135,10 @@ class UiRouter:
         if session is None:  # no token, no data: the login page whatever was asked
             if req.method == "POST":
                 return _html(401, "log in first")
-            return self._login_page(401, "", req.target)
+            if "hx-request" in req.headers:  # a live block of a page whose session ended
+                return self._login_page(401, "", req.target)
+            # a redirect, not a 401 page: the browser logs every 401 document as an error
+            return _redirect("/ui/login?" + urlencode({"next": req.target}))
         token, who = session
         page = Page(self.a, Api(self.api, token), who, self.csrf(token), req, self.ring)
         if req.method == "POST":

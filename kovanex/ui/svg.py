@@ -14,6 +14,7 @@ from typing import Any
 from kovanex.core.graph import ClusterGraph
 
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 220, 132, 60, 40, 16
+EDGE_GAP, LABEL_GAP = 16, 7  # between two edges of one pair; from an edge to its label
 STATUS_STROKE = {"alive": "#1b5e20", "suspect": "#e65100", "dead": "#212121"}
 
 
@@ -40,6 +41,27 @@ def _clip(box: tuple[float, float], toward: tuple[float, float]) -> tuple[float,
     return cx + dx * t, cy + dy * t
 
 
+def _lanes(edges: Sequence[Any]) -> dict[int, float]:
+    """Edges between the same two nodes (an env hop and a replication, either way round)
+    each get their own lane: offsets across the line, centred on it, EDGE_GAP apart."""
+    pairs: dict[frozenset[str], list[Any]] = {}
+    for e in edges:
+        pairs.setdefault(frozenset((e.src, e.dst)), []).append(e)
+    out: dict[int, float] = {}
+    for group in pairs.values():
+        for i, e in enumerate(group):
+            out[id(e)] = (i - (len(group) - 1) / 2) * EDGE_GAP
+    return out
+
+
+def _normal(a: tuple[float, float], b: tuple[float, float], forward: bool) -> tuple[float, float]:
+    """The unit normal of a-b, taken for the pair's name order (`forward`), so a->b and b->a
+    share one frame and their lanes never land on each other."""
+    dx, dy = (b[0] - a[0], b[1] - a[1]) if forward else (a[0] - b[0], a[1] - b[1])
+    n = math.hypot(dx, dy) or 1.0
+    return -dy / n, dx / n
+
+
 def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 4) -> str:
     """One box per node (fill = health, border = gossip state), env and replication edges.
 
@@ -64,13 +86,22 @@ def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 
         '<defs><marker id="arr" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" '
         'markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#555"/></marker></defs>',
     ]
+    lanes = _lanes(g.edges)
     for e in g.edges:
-        (x1, y1), (x2, y2) = _clip(pos[e.src], pos[e.dst]), _clip(pos[e.dst], pos[e.src])
+        a, b = _clip(pos[e.src], pos[e.dst]), _clip(pos[e.dst], pos[e.src])
+        nx, ny = _normal(a, b, e.src < e.dst)
+        lane = lanes[id(e)]
+        x1, y1, x2, y2 = a[0] + nx * lane, a[1] + ny * lane, b[0] + nx * lane, b[1] + ny * lane
+        off = lane + (LABEL_GAP if lane >= 0 else -LABEL_GAP)  # beside its own line, outward
+        lx, ly = (a[0] + b[0]) / 2 + nx * off, (a[1] + b[1]) / 2 + ny * off
         dash = "" if e.kind == "env" else ' stroke-dasharray="5 4"'
-        label = "promote" if e.kind == "env" else ", ".join(e.repos)
+        label = "promote" if e.kind == "env" else "replica: " + ", ".join(e.repos)
         out.append(
-            f'<g class="edge edge-{e.kind}"><line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" '
+            f'<g class="edge edge-{e.kind}" data-src="{escape(e.src)}" '
+            f'data-dst="{escape(e.dst)}"><line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" '
             f'y2="{y2:.0f}" stroke="#555" stroke-width="2"{dash} marker-end="url(#arr)"/>'
+            f'<text x="{lx:.0f}" y="{ly:.0f}" font-size="11" class="edge-label" '
+            f'text-anchor="middle">{escape(label)}</text>'
             f"<title>{escape(e.kind)} {escape(e.src)} → {escape(e.dst)}: {escape(label)}</title>"
             "</g>"
         )

@@ -13,6 +13,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+from kovanex.core import task as taskcore
 from kovanex.gitstate import trailers
 from kovanex.gitstate.ledger import transition_of
 from kovanex.net.http11 import HttpResponse
@@ -118,7 +119,8 @@ async def task_detail(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpRe
         for s in d.get("steps", [])
     ]  # fmt: skip
     part = (
-        f'<p>state {state_cell(d["state"])} on <b id="task-node">{esc(d.get("node") or "-")}</b> '
+        task_actions(page, repo, task, d["state"])
+        + f'<p>state {state_cell(d["state"])} on <b id="task-node">{esc(d.get("node") or "-")}</b> '
         f'epoch {esc(d.get("epoch"))} attempt {esc(d.get("attempt"))} '
         f'{esc(d.get("reason") or "")}</p>'
         + "<h2>Steps</h2>" + table(["#", "step", "state", "exit", ""], steps, tid="steps")
@@ -126,20 +128,28 @@ async def task_detail(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpRe
         + table(["time (UTC)", "state", "node", "epoch", "what", "placement"], rows,
                 tid="timeline", empty="the branch lives on another node")
     )  # fmt: skip
-    acts = page.button(
-        f"/ui/tasks/{repo}/{task}/cancel", "Cancel", f"Cancel task {task}?", scope="push",
-        repo=repo, bid="cancel",
-    ) + page.button(
-        f"/ui/tasks/{repo}/{task}/retry", "Retry", f"Retry task {task}?", scope="push",
-        repo=repo, bid="retry",
-    )  # fmt: skip
     logs = "".join(_log_block(repo, task, s["index"], s["state"]) for s in d.get("steps", []))
     whole = (
-        f"<h1>Task {esc(repo)}/{esc(task)}</h1><p>{acts}</p>"
+        f"<h1>Task {esc(repo)}/{esc(task)}</h1>"
         + live(f"/ui/tasks/{repo}/{task}?frag=1", "task", part, eid="task")
         + "<h2>Logs</h2>" + logs
     )  # fmt: skip
     return _frag(page, q, f"Task {task}", part, whole)
+
+
+def task_actions(page: Page, repo: str, task: str, state: str) -> str:
+    """Only the buttons the task's state allows (the decider's own transition table):
+    Cancel on a live task, Retry on a failed or cancelled one. Inside the live block, so
+    they change with the state without a reload."""
+    allowed = taskcore.TRANSITIONS.get(state, {})
+    back = {"back": f"/ui/tasks/{repo}/{task}"}  # not the ?frag=1 URL a live refresh has
+    acts = [
+        page.button(f"/ui/tasks/{repo}/{task}/{verb}", label, f"{label} task {task}?",
+                    scope="push", repo=repo, fields=back, bid=verb)
+        for verb, label in (("cancel", "Cancel"), ("retry", "Retry"))
+        if verb in allowed
+    ]  # fmt: skip
+    return f'<div class="actions" id="task-actions">{"".join(acts)}</div>'
 
 
 def _log_block(repo: str, task: str, index: int, state: str) -> str:

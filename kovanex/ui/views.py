@@ -7,21 +7,17 @@ server, and marks the parts that change with `live(...)` so htmx re-fetches them
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
-from kovanex.client import ApiError as ClientError
-from kovanex.client import Client
 from kovanex.gitstate import gitcli
 from kovanex.net.http11 import HttpResponse
-from kovanex.ui import envviews, taskviews
+from kovanex.ui import envviews, taskviews, unitviews
 from kovanex.ui.page import Page, UiError, esc, live, table
 from kovanex.ui.svg import cluster_svg, health_colour, heatmap_svg
 
 HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
 Query = dict[str, str]
-REMOTE_TIMEOUT_S = 3.0
 
 
 def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str) -> HttpResponse:
@@ -32,6 +28,16 @@ def answer(page: Page, q: Query, title: str, active: str, part: str, whole: str)
 
 def status_cell(status: str) -> str:
     return f'<span class="status-{esc(status)}" data-status="{esc(status)}">{esc(status)}</span>'
+
+
+def fact_cell(v: Any) -> str:
+    """A node fact as a reader writes it: labels `k=v`, lists comma-separated (not the
+    Python reprs `{'env': 'dev'}` and `[]`)."""
+    if isinstance(v, dict):
+        return esc(" ".join(f"{k}={val}" for k, val in sorted(v.items())) or "-")
+    if isinstance(v, list | tuple):
+        return esc(", ".join(str(x) for x in v) or "-")
+    return esc(v)
 
 
 # -- cluster -------------------------------------------------------------------------------
@@ -110,24 +116,13 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     n = await page.api.call("GET", f"/v1/nodes/{name}")
     facts = table(
         ["field", "value"],
-        [[esc(k), status_cell(str(v)) if k == "status" else esc(v)] for k, v in sorted(n.items())],
+        [
+            [esc(k), status_cell(str(v)) if k == "status" else fact_cell(v)]
+            for k, v in sorted(n.items())
+        ],  # fmt: skip
         tid="node-facts",
     )
-    units = await node_units(page, name, n.get("http") or "")
-    if units is not None:
-        rows = [
-            [esc(u["index"]), esc(u.get("user")), "busy" if u["task"] != "-" else "idle",
-             taskviews.task_link(u["task"])]
-            for u in units
-        ]  # fmt: skip
-        unit_html = table(["unit", "user", "state", "current task"], rows, tid="units",
-                          empty="no compute units (units are off on this node)")  # fmt: skip
-    else:
-        http = n.get("http") or ""
-        link = f'<a href="{esc(http)}/ui/nodes/{esc(name)}">{esc(http)}</a>' if http else "-"
-        unit_html = (
-            f"<p>{esc(name)} did not answer for its compute units; its own dashboard: {link}</p>"  # noqa: E501
-        )
+    unit_html = await unitviews.units_part(page, name, str(n.get("http") or ""))
     cordoned = bool(n.get("cordoned"))
     actions = page.button(
         f"/ui/nodes/{name}/cordon", "Uncordon" if cordoned else "Cordon",
@@ -142,27 +137,6 @@ async def node_view(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         f"/ui/nodes/{name}?frag=1", "member,task", part, eid="node"
     )
     return answer(page, q, f"Node {name}", "cluster", part, whole)
-
-
-async def node_units(page: Page, name: str, http: str) -> list[dict[str, Any]] | None:
-    """A node's units: ours from the router in-process, another's from its own listener
-    (ListUnits is local to each node), with this session's token; None if it is gone."""
-    if name == page.node:
-        return (await page.api.call("GET", "/v1/units"))["units"]
-    if not http.startswith("http://"):
-        return None
-
-    def ask() -> Any:
-        c = Client(http, page.api.token, REMOTE_TIMEOUT_S, from_env=False)
-        try:
-            return c.call("ListUnits")["units"]
-        finally:
-            c.close()
-
-    try:
-        return await asyncio.to_thread(ask)
-    except (OSError, ClientError, ValueError, KeyError):
-        return None
 
 
 async def node_action(page: Page, m: re.Match[str], form: Query) -> str:
@@ -227,6 +201,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     order = [e for e in g.get("env_order", []) if e in by_env]
     rows = [[esc(e), esc(", ".join(by_env[e]))] for e in order]
     path = " → ".join(order) or "no env labels on any node"
+    promotions, approvable = await envviews.promotions_part(page)
     releases: list[list[str]] = []
     for repo in sorted(page.a.repos.all()):
         if not page.who.may("read", repo):
@@ -235,21 +210,21 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
         refs = await _env_refs(git_dir)
         for ref, oid, subject in refs:
             env = ref.split("/", 2)[1] if ref.startswith("env/") else ""
+            pid = ref.removeprefix("promotion/")
             acts = (
                 page.button(f"/ui/envs/{repo}/{env}/rollback", "Roll back",
                             f"Roll back {env} of {repo}?", scope="push", repo=repo)
                 if env else
                 page.button(f"/ui/envs/{repo}/{ref}/approve", "Approve",
                             f"Approve {ref} of {repo}?", scope="push", repo=repo)
+                if (repo, pid) in approvable else ""  # released, failed...: nothing to approve
             )  # fmt: skip
             releases.append([esc(repo), esc(ref), f"<code>{esc(oid)}</code>", esc(subject), acts])
-    events = [
-        [esc(e["index"]), esc(e["payload"])] for e in page.a.api.hub.since(0, ["promotion"])[-20:]
-    ]
+    events = page.a.api.hub.since(0, ["promotion"])[-20:]
     part = (
         table(["environment", "nodes"], rows, tid="envs", empty="no environments")
         + f"<p>promotion path: {esc(path)}</p>"
-        + await envviews.promotions_part(page)
+        + promotions
         + "<h2>Branches</h2>"
         + table(
             ["repo", "ref", "commit", "subject", ""],
@@ -258,7 +233,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
             empty="no env/ or promotion/ branches in the repos on this node",
         )  # fmt: skip
         + "<h2>Recent promotion events</h2>"
-        + table(["index", "event"], events, empty="none since this agent started")
+        + envviews.events_table(events)
     )
     whole = "<h1>Environments</h1>" + live("/ui/envs?frag=1", "promotion", part, eid="env")
     return answer(page, q, "Environments", "envs", part, whole)
@@ -290,6 +265,7 @@ VIEWS = [
 ACTIONS = [
     (rf"/ui/nodes/{NAME}/(?P<verb>drain|cordon)", node_action),
     (r"/ui/scale/apply", scale_apply),
+    *unitviews.ACTIONS,
     (r"/ui/envs/(?P<repo>[^/]+)/(?P<ref>.+)/(?P<verb>approve|rollback)", env_action),
     *taskviews.ACTIONS,
 ]
