@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from kovanex.core import taskevents
-from kovanex.gitstate.ledger import TASK_PREFIX, TaskLedger, task_id_of, transition_of
+from kovanex.gitstate.ledger import TASK_PREFIX, TaskLedger, transition_of
 
 log = logging.getLogger("kovanex.api")
 TOPICS = ("task", "member", "cluster", "promotion", "scale")
@@ -161,7 +161,8 @@ class TaskWatch:
     def __init__(self, hub: EventHub, ledger: Callable[[str], TaskLedger]) -> None:
         self.hub = hub
         self.ledger = ledger
-        self.seen: dict[tuple[str, str], str] = {}
+        self.seen: dict[tuple[str, str], str] = {}  # tasks moved since boot
+        self.at_boot = _Oids()  # every task tip at boot: 10,000 cost ~1 MB, not a dict
 
     def prime(self, repo: str) -> None:
         """Take the repo's task tips as already reported (at boot, before any move)."""
@@ -170,10 +171,7 @@ class TaskWatch:
         except Exception:  # noqa: BLE001 - a broken repo: its tasks report from scratch
             log.exception("api: reading the task refs of %s failed", repo)
             return
-        for ref, tip in refs.items():
-            task_id = task_id_of(ref)
-            if task_id is not None:
-                self.seen.setdefault((repo, task_id), tip)
+        self.at_boot.update(refs.values())
 
     def moved(self, repo: str, task_id: str | None) -> None:
         if not repo or not task_id:
@@ -186,10 +184,10 @@ class TaskWatch:
                 self.seen.pop(key, None)  # archived or deleted
                 return
             known = self.seen.get(key)
-            if tip == known:
+            if tip == known or (known is None and tip in self.at_boot):
                 return
             walk = ((c.oid, transition_of(c.message)) for c in led.store.walk(tip))
-            commits, before = taskevents.new_commits(walk, known)
+            commits, before = taskevents.new_commits(walk, known, self.at_boot)
             epoch = led.read(task_id).epoch if commits and commits[-1][1] is None else 0
         except Exception:  # noqa: BLE001 - a ref mid-write or a repo going away: next move
             return
@@ -200,6 +198,22 @@ class TaskWatch:
     def forget(self, key: tuple[str, str]) -> None:
         """A task archived by upkeep (which pauses the watcher): memory follows live tasks."""
         self.seen.pop(key, None)
+
+
+class _Oids:
+    """A set of commit ids kept as 20 bytes each."""
+
+    def __init__(self) -> None:
+        self._set: set[bytes] = set()
+
+    def update(self, oids: Iterable[str]) -> None:
+        self._set.update(bytes.fromhex(o) for o in oids)
+
+    def __contains__(self, oid: object) -> bool:
+        try:
+            return isinstance(oid, str) and bytes.fromhex(oid) in self._set
+        except ValueError:
+            return False
 
 
 def member_topic(kind: str) -> str:

@@ -10,7 +10,7 @@ state (a retry's run, not the one before), so a first sight does not replay old 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from kovanex.core.task import SUBMITTED, TERMINAL, Transition
@@ -19,15 +19,19 @@ WALK_CAP = 256  # commits one move may report; past that the event says `from: n
 
 
 def new_commits(
-    commits: Iterable[tuple[str, Transition | None]], known: str | None, cap: int = WALK_CAP
+    commits: Iterable[tuple[str, Transition | None]],
+    known: str | None,
+    at_boot: Container[str] = (),
+    cap: int = WALK_CAP,
 ) -> tuple[list[tuple[str, Transition | None]], str | None]:
     """(the new commits oldest first, the state before the oldest of them or None when it
     is unknown). `commits` is the first-parent walk from the new tip, newest first; it is
-    consumed only as far as needed."""
+    consumed only as far as needed. `known` is the tip last reported, `at_boot` the tips
+    that were there when the agent started (reported by an earlier boot, or never to be)."""
     got: list[tuple[str, Transition | None]] = []
     before: str | None = None
     for oid, tr in commits:
-        if oid == known:
+        if oid == known or oid in at_boot:
             before = tr.state if tr is not None else SUBMITTED
             break
         if known is None and got and tr is not None and tr.state in TERMINAL:
