@@ -116,12 +116,19 @@ def test_task_step_queue_and_push_metrics_count_what_happened(tmp_path: Path) ->
         assert m[one("kovanex_tasks_started_total")] == 1
         assert m[one("kovanex_steps_total", result="ok")] == 3
         assert m[one("kovanex_tasks", state="succeeded")] == 2  # the gauge reads the branches
-
-        if shutil.which("promtool") is None:
-            pytest.skip("no promtool (Debian's prometheus package; `make promtool` installs it)")
-        p = subprocess.run(
-            ["promtool", "check", "metrics"], input=body(node), capture_output=True, text=True
-        )
-        assert p.returncode == 0 and not p.stdout.strip(), p.stdout + p.stderr
     finally:
         node.stop()
+
+
+def test_promtool_accepts_the_scrape(tmp_path: Path) -> None:
+    if shutil.which("promtool") is None:
+        pytest.skip("no promtool (Debian's prometheus package; `make promtool` installs it)")
+    node = Node(tmp_path, "mx-n2").start()
+    try:
+        run_task(node, tmp_path, "p-1")  # histograms and counters with data, not only zeros
+        text = body(node)
+    finally:
+        node.stop()
+    assert "kovanex_step_duration_seconds_count 3.0" in text
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
