@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench bench-peers wheel clean browser
+.PHONY: demo test lint fmt bench bench-peers wheel clean browser promtool
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,7 +27,18 @@ browser:
 	  echo "could not install chromium: the browser tests will skip"; \
 	else echo "no chromium and not root with apt: the browser tests will skip"; fi
 
-test: $(STAMP) browser
+# `promtool check metrics` (tests/test_metrics_promtool.py) comes from Debian's
+# prometheus package; installed the same way, and its test skips when it is missing.
+promtool:
+	@if command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing prometheus (for promtool) for the metrics tests"; \
+	  (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1)) || \
+	  echo "could not install prometheus: the promtool tests will skip"; \
+	else echo "no promtool and not root with apt: the promtool tests will skip"; fi
+
+test: $(STAMP) browser promtool
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
 	$(BIN)/python -m pytest -q -x --durations=15

@@ -38,3 +38,38 @@ def test_systemd_unit_runs_the_agent_with_json_logs(tmp_path: Path) -> None:
     local.write_text(unit.replace("/usr/local/bin/kovanex", kx))
     p = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_grafana_dashboard_queries_only_metrics_a_real_agent_serves(tmp_path: Path) -> None:
+    """Every kovanex_* name in the shipped dashboard's queries is in a live agent's /metrics
+    (a sample, or a declared family such as the replication lag a lone node has no rows of)."""
+    import json
+    import re
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.agentkit import Node
+    from tests.test_e2e_scaling import http_url
+
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    queried = {n for e in exprs for n in re.findall(r"\bkovanex_[a-z0-9_]+", e)}
+    assert len(dash["panels"]) >= 10 and {p["id"] for p in dash["panels"]} == set(
+        range(1, len(dash["panels"]) + 1)
+    )
+    for must in ("kovanex_tasks_started_total", "kovanex_step_duration_seconds_bucket",
+                 "kovanex_queue_wait_seconds_bucket", "kovanex_push_duration_seconds_bucket",
+                 "kovanex_hook_duration_seconds_bucket", "kovanex_gossip_dropped_total"):  # fmt: skip
+        assert must in queried, must
+    node = Node(tmp_path, "graf-n1").start()
+    try:
+        with urllib.request.urlopen(http_url(node) + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+    finally:
+        node.stop()
+    served = set()
+    for fam in text_string_to_metric_families(text):
+        served.add(fam.name)
+        served.update(s.name for s in fam.samples)
+    assert sorted(queried - served) == []

@@ -153,9 +153,12 @@ class Agent:
             self.health,
             self.scaling,
         )
-        self.hooks = HookServer(layout.hook_endpoint, self.pushes.on_hook)
+        self.hooks = HookServer(
+            layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook)
+        )
+        self.api.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
-        self.upkeep = UpkeepService(ctx, self.repos, self.scheduler.forget, layout.upkeep_file)
+        self.upkeep = UpkeepService(ctx, self.repos, self._archived, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
         self.leader = LeaderWork(self)  # the leader's grants and reschedules (ADR 0036)
 
@@ -237,6 +240,10 @@ class Agent:
         self.dispatcher.ref_moved(repo, task_id)
         self.api.ref_moved(repo, task_id)
         self.promotions.kick(repo)  # a gate task may have finished
+
+    def _archived(self, key: tuple[str, str]) -> None:
+        self.scheduler.forget(key)
+        self.api.tasks.forget(key)
 
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)

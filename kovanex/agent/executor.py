@@ -267,8 +267,9 @@ class TaskRun:
         capped = await asyncio.to_thread(runlogs.read_capped, log_path, spec.log_bytes)
         view = await self._view()
         trs = taskcore.step_done(
-            view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries
-        )
+            view, index, step.name, total, outcome.result, outcome.exit_code, spec.retries,
+            duration_s=outcome.duration_s,
+        )  # fmt: skip
         tree = ""
         if outcome.result == "ok" and self.unit is not None:
             # Never write into the unit's clone as root: the log joins the tree here.
@@ -282,8 +283,9 @@ class TaskRun:
                 with open(log_path, "ab") as f:
                     f.write(f"[kovanex: {e}]\n".encode())
                 trs = taskcore.step_done(
-                    view, index, step.name, total, "failed", outcome.exit_code, spec.retries
-                )
+                    view, index, step.name, total, "failed", outcome.exit_code, spec.retries,
+                    duration_s=outcome.duration_s,
+                )  # fmt: skip
         if tree:
             view = await self._append(view, trs, tree=tree, files={rel: capped})
             fresh = True

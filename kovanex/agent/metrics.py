@@ -2,8 +2,10 @@
 
 A custom collector reads the state at scrape time (members, gossip counters, task states,
 replication lag, scale pressure), so no counter is sprinkled through the services and
-nothing can drift from what `kovanex status` says. The only event-time instruments are the
-placement counter and latency histogram: a placement leaves no state to read back. The
+nothing can drift from what `kovanex status` says. The event-time instruments are the
+placement counter and latency histogram (a placement leaves no state to read back) and
+kovanex/agent/eventmetrics.py's task, step, queue-wait, hook and push instruments, fed by
+the API's task events. Every known label value is shown, zero included. The
 registry is our own, not the process-global one, so two agents in one test process (or a
 library user's own metrics) never collide. Names start with `kovanex_`.
 """
@@ -20,6 +22,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from kovanex import __version__
 from kovanex.agent.context import NodeContext
+from kovanex.agent.eventmetrics import EventMetrics
+from kovanex.core.task import STATES as TASK_STATES
+from kovanex.core.task import SUBMITTED
+from kovanex.net.codec import DROP_REASONS
 
 if TYPE_CHECKING:
     from kovanex.agent.cluster import Cluster
@@ -70,6 +76,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.events = EventMetrics(self.registry, repos.owned)
         self.registry.register(_Live(self))
 
     def placed(self, seconds: float) -> None:
@@ -146,7 +153,8 @@ class _Live:
         drops = CounterMetricFamily(
             "kovanex_gossip_dropped", "Gossip packets dropped, by reason", labels=["reason"]
         )
-        for reason, n in sorted(dict(st.get("dropped", {})).items()):
+        dropped = {r: 0 for r in DROP_REASONS} | dict(st.get("dropped", {}))
+        for reason, n in sorted(dropped.items()):
             drops.add_metric([reason], float(n))
         yield drops
         for key in ("probes", "failed_probes", "refutes"):
@@ -159,7 +167,8 @@ class _Live:
         g = GaugeMetricFamily(
             "kovanex_tasks", "Tasks of the repos this node owns, by state", labels=["state"]
         )
-        for state, n in sorted(m.task_states().items()):
+        by = {s: 0 for s in (SUBMITTED, *TASK_STATES)} | dict(m.task_states())
+        for state, n in sorted(by.items()):
             g.add_metric([state], n)
         yield g
         q = GaugeMetricFamily("kovanex_tasks_pending", "Tasks waiting in this node's queue")

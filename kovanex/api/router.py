@@ -215,18 +215,27 @@ class ApiRouter:
             raise ApiError(
                 400, f"unknown topic {bad[0]!r}; topics: {', '.join(TOPICS)}", "query.topic"
             )
-        since = self.hub.index
-        raw = req.headers.get("last-event-id") or (q.get("index") or [""])[0]
+        since, gap = self.hub.index, None
+        raw = (q.get("index") or [""])[0]
         if raw:
             if not raw.isdigit():
                 raise ApiError(400, "index must be a non-negative integer", "query.index")
-            since = int(raw)
+            try:
+                since, gap = self.hub.resume(raw)
+            except ValueError:
+                raise ApiError(400, "index must be a non-negative integer", "query.index") from None
+        if req.headers.get("last-event-id"):  # an EventSource's reconnect: `<boot>-<index>`
+            try:
+                since, gap = self.hub.resume(req.headers["last-event-id"])
+            except ValueError as e:
+                raise ApiError(400, str(e), "header.Last-Event-ID") from None
         headers = {
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Kovanex-Index": str(self.hub.index),
+            "X-Kovanex-Boot": self.hub.boot,
         }
-        return HttpResponse(200, headers, self.hub.stream(since, topics or None))
+        return HttpResponse(200, headers, self.hub.stream(since, topics or None, gap))
 
     # -- steps -------------------------------------------------------------------------------
     def _route(self, req: HttpRequest) -> tuple[Route, dict[str, str]]:

@@ -27,7 +27,9 @@ class ApiService:
     def __init__(self, agent: Agent) -> None:
         self.a = agent
         self.hub = EventHub()
-        self.tasks = TaskWatch(self.hub, lambda repo, t: agent.repos.ledger(repo).read(t))
+        self.tasks = TaskWatch(self.hub, agent.repos.ledger)
+        for repo in agent.repos.all():  # before the watcher starts: these tips are history
+            self.tasks.prime(repo)
         self.router = ApiRouter(
             self.hub,
             agent.ctx.token,

@@ -426,6 +426,9 @@ def build() -> dict[str, Any]:
             "tags": ["events"],
             "security": [{"bearer": []}],
             "summary": "Server-sent events: every topic unless ?topic= names some",
+            "description": "Each event's `id` is `<boot>-<index>`. A reconnect sends it "
+            "back as Last-Event-ID (or ?index= of this boot) and resumes after it; an id of "
+            "another boot, or older than the buffer, first gets a `gap` event (README).",
             "parameters": [
                 {
                     "name": "topic",
@@ -434,6 +437,12 @@ def build() -> dict[str, Any]:
                     "schema": {"type": "string", "pattern": r"^[a-z,]{1,60}$"},
                 },
                 {"name": "index", "in": "query", "required": False, "schema": I0},
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string", "pattern": r"^([0-9a-f]{8}-)?[0-9]{1,18}$"},
+                },
             ],
             "responses": {
                 "200": {

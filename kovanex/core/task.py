@@ -273,8 +273,11 @@ def step_done(
     result: str,
     exit_code: int | None,
     retries: int,
+    duration_s: float | None = None,
 ) -> list[Transition]:
-    """The step commit, plus the transition it implies (succeeded, failed or a new attempt)."""
+    """The step commit, plus the transition it implies (succeeded, failed or a new attempt).
+    `duration_s`, the runner's own measure, rides along as `Kovanex-Duration`: every node
+    that sees the commit (the event feed, the step-duration histogram) reads the same."""
     _check(view, "step")
     if result not in RESULTS:
         raise IllegalTransition(f"task {view.task_id}: unknown step result {result!r}")
@@ -293,6 +296,7 @@ def step_done(
         result=result,
         exit_code=exit_code,
         attempt=view.attempt,
+        extra={} if duration_s is None else {"Duration": f"{max(0.0, duration_s):.3f}"},
     )
     if result == "ok":
         if next_step(_with_ok(view, index), total) is None:

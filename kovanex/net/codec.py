@@ -37,6 +37,25 @@ def pack(m: Msg) -> bytes:
     return msgpack.packb(to_wire(m), use_bin_type=True)
 
 
+# Every reason a packet is dropped for (Stats.dropped's keys): /metrics shows each, zero
+# included, so a dashboard's query never starts from "no data".
+DROP_REASONS = (
+    "callback_error",
+    "crc",
+    "decrypt",
+    "encrypted",
+    "label",
+    "malformed",
+    "oversize",
+    "replay",
+    "short",
+    "stream_unreachable",
+    "too_big_out",
+    "unencrypted",
+    "version",
+)
+
+
 @dataclass(slots=True)
 class Stats:
     packets_in: int = 0

@@ -59,8 +59,10 @@ def live(
 ) -> str:
     """A block that re-fetches itself (htmx) when one of `events` arrives on the SSE
     connection in the layout, and polls as well: a fallback if the stream drops, and the
-    only way to see states gossip announces to nobody (a member turning suspect)."""
-    triggers = ", ".join(f"{e} from:body" for e in events.split(",")) + f", every {poll}"
+    only way to see states gossip announces to nobody (a member turning suspect). A `gap`
+    (events lost: the agent restarted, or the buffer wrapped) refreshes every block."""
+    triggers = ", ".join(f"{e} from:body" for e in [*events.split(","), "gap"])
+    triggers += f", every {poll}"
     i = f' id="{eid}"' if eid else ""
     return f'<{tag}{i} hx-get="{esc(url)}" hx-trigger="{triggers}">{inner}</{tag}>'
 
