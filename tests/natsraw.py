@@ -58,19 +58,24 @@ class RawNats:
             if line in ("PONG", "<closed>") or line.startswith("-ERR"):
                 return line
 
-    def request(self, subject: str, data: bytes = b"", headers: str = "") -> str:
-        """One request/reply: the reply's text, or the -ERR line (a permission refusal)."""
-        self.sock.sendall(f"SUB {INBOX} 1\r\n".encode())
+    def request(self, subject: str, data: bytes = b"", headers: str = "", **login: Any) -> str:
+        """One request/reply: the reply's text, or the -ERR line (a refusal). With `login`
+        the CONNECT goes in the same write, as a client that never waits for an answer."""
+        out = b""
+        if login:
+            body = {"verbose": False, "pedantic": False, "headers": True, **login}
+            out += f"CONNECT {json.dumps(body)}\r\n".encode()
+        out += f"SUB {INBOX} 1\r\n".encode()
         if headers:
             head = f"NATS/1.0\r\n{headers}\r\n".encode()
-            self.sock.sendall(
-                f"HPUB {subject} {INBOX} {len(head)} {len(head) + len(data)}\r\n".encode()
-                + head
-                + data
-                + b"\r\n"
-            )
+            size = f"{len(head)} {len(head) + len(data)}"
+            out += f"HPUB {subject} {INBOX} {size}\r\n".encode() + head + data + b"\r\n"
         else:
-            self.sock.sendall(f"PUB {subject} {INBOX} {len(data)}\r\n".encode() + data + b"\r\n")
+            out += f"PUB {subject} {INBOX} {len(data)}\r\n".encode() + data + b"\r\n"
+        try:
+            self.sock.sendall(out)
+        except OSError:
+            return "<closed>"
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             line = self._line()

@@ -214,10 +214,11 @@ class NatsCoordination:
             await asyncio.sleep(1.0)
             if self.server is not None:
                 routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
-                users = self.server.auth.users
+                was = (self.server.routes, self.server.auth.users)
                 if self.server.set_routes(routes, self._auth()):  # host:port only: no secret
-                    log.info("nats routes now %s", sorted(self.server.routes))
-                    if users != self.server.auth.users:
+                    if was[0] != self.server.routes:
+                        log.info("nats routes now %s", sorted(self.server.routes))
+                    if was[1] != self.server.auth.users:
                         log.info("nats users now follow %d gossip key(s)", len(self.keys()))
             await self._grow_bucket()
 
@@ -240,6 +241,7 @@ class NatsCoordination:
                     servers=servers,
                     user=lambda: self._login().user,
                     password=lambda: self._login().password,
+                    reconnected_cb=self._reconnected,
                     connect_timeout=1,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,
@@ -256,6 +258,11 @@ class NatsCoordination:
         self.record("coordination", {"msg": "joined the NATS KV bucket"})
         self.tasks.append(asyncio.create_task(self._read_loop()))
         await self._drive()
+
+    async def _reconnected(self) -> None:
+        """After a restart of the server, or a removed key (the server drops that user's
+        connections on reload): the login asked for again is the primary's."""
+        log.info("nats client connected again as %s", self._login().user)
 
     async def _bucket(self, js: Any) -> Any:
         """Create or bind the bucket; on a fresh cluster the first create can go unanswered,
