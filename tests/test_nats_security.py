@@ -217,11 +217,8 @@ def _stranger(tmp: Path, routes: list[str], name: str) -> tuple[subprocess.Popen
         )
     )
     log = tmp / "stranger.log"
-    proc = subprocess.Popen(
-        [nats_binary(), "-c", str(conf), "-l", str(log)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([nats_binary(), "-c", str(conf)], stdout=out, stderr=out)
     return proc, mon, log
 
 
