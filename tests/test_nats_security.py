@@ -307,3 +307,24 @@ def test_the_logins_follow_kovanex_keys(cluster: list[Node]) -> None:
     first = heartbeat()
     wait_for(lambda: heartbeat() > first, 30, "a heartbeat written with the new login")
     wait_for(lambda: agreed(cluster), 60, "one leader after the rotation")
+
+
+def test_logins_and_name_derive_from_the_token_alone() -> None:
+    """Every node given the same token computes the same logins; another token none."""
+    secret, key = cfgmod.split_join_value(TOKEN)
+    one, two = natsauth.server_auth(secret, [key]), natsauth.server_auth(secret, [key])
+    other = natsauth.server_auth("another-token", [cfgmod.split_join_value("another-token")[1]])
+    assert one == two and one.cluster.startswith("kovanex-") and one.cluster != "kovanex"
+    assert one.route != other.route and one.users != other.users
+    assert one.cluster != other.cluster
+    assert len({one.route.password, one.users[0].password}) == 2  # route and client differ
+    assert one.users[0].password not in repr(one)  # a repr never carries a password
+    # --insecure-gossip (an empty keyring): still a login, from the secret
+    assert natsauth.server_auth(secret, []).users[0] not in one.users
+
+
+def test_an_older_config_with_a_monitor_port_still_loads() -> None:
+    table = 'backend = "nats"\nclient_port = 5000\ncluster_port = 5001\nmonitor_port = 5002'
+    cfg = cfgmod.NodeConfig.from_toml(f'[node]\nname = "n1"\n[coordination]\n{table}\n')
+    assert (cfg.coordination.client_port, cfg.coordination.cluster_port) == (5000, 5001)
+    assert "monitor_port" not in "\n".join(cfg.coordination.to_lines())
