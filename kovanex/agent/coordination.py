@@ -266,8 +266,8 @@ class NatsCoordination:
 
     async def _bucket(self, js: Any) -> Any:
         """Create or bind the bucket; on a fresh cluster the first create can go unanswered,
-        so retry until a quorum answers. Its stream is made locked (natsauth.kv_stream): nats-py's
-        create_key_value would allow rollup headers and purges."""
+        so retry until a quorum answers. We make its stream ourselves, locked
+        (natsauth.kv_stream): nats-py's create_key_value allows rollup headers and purges."""
         since = self.ctx.clock.monotonic()
         told = since
         while True:

