@@ -20,7 +20,7 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex import natsauth
-from kovanex.agent.natsserver import nats_binary
+from kovanex.agent.natsserver import nats_binary, render_config
 from tests.agentkit import Node, wait_for
 from tests.natsraw import RawNats
 from tests.test_coordination_nats import TOKEN, agreed, gossip_addr
@@ -328,3 +328,72 @@ def test_an_older_config_with_a_monitor_port_still_loads() -> None:
     cfg = cfgmod.NodeConfig.from_toml(f'[node]\nname = "n1"\n[coordination]\n{table}\n')
     assert (cfg.coordination.client_port, cfg.coordination.cluster_port) == (5000, 5001)
     assert "monitor_port" not in "\n".join(cfg.coordination.to_lines())
+
+
+def test_a_bucket_made_the_old_way_is_locked_when_the_agents_start(tmp_path: Path) -> None:
+    """An older version made the bucket with nats-py's defaults (purge and rollup
+    allowed); the agents lock its stream at start. The old bucket is made here on the
+    nodes' own nats-servers, started from the config the agent would write."""
+    import asyncio
+
+    import nats
+
+    nodes = [
+        Node(tmp_path, f"o{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats")
+        for i in (1, 2)
+    ]
+    routes = [f"127.0.0.1:{ports(n)[1]}" for n in nodes]
+    servers = []
+    for n in nodes:
+        lay = cfgmod.Layout(n.data)
+        cfg = cfgmod.load(lay)
+        auth = natsauth.server_auth(cfgmod.read_token(lay), natsauth.client_keys(lay, cfg))
+        (n.data / "nats").mkdir(mode=0o700)
+        conf = n.data / "nats" / "nats.conf"
+        text = render_config(n.name, "127.0.0.1", cfg.coordination, n.data / "nats" / "js",
+                             routes, auth)  # fmt: skip
+        conf.write_text(text)
+        with open(n.data / "nats" / "nats.log", "ab") as out:
+            servers.append(
+                subprocess.Popen([nats_binary(), "-c", str(conf)], stdout=out, stderr=out)
+            )
+
+    async def old_bucket() -> bool:
+        me = login(nodes[0])
+        nc = await nats.connect(f"nats://127.0.0.1:{ports(nodes[0])[0]}", user=me.user,
+                                password=me.password)  # fmt: skip
+        try:
+            for _ in range(120):  # until the two servers have a meta leader
+                try:
+                    await nc.jetstream(timeout=2).create_key_value(bucket="kovanex", replicas=2)
+                    break
+                except Exception:  # noqa: BLE001 - no quorum yet
+                    await asyncio.sleep(0.25)
+            info = await nc.jetstream(timeout=2).stream_info("KV_kovanex")
+            return bool(info.config.allow_rollup_hdrs) and not info.config.deny_purge
+        finally:
+            await nc.close()
+
+    try:
+        assert asyncio.run(old_bucket())  # open, as older versions made it
+    finally:
+        for p in servers:
+            p.terminate()
+            p.wait(10)
+    nodes[0].start()
+    try:
+        nodes[1].start("--join", gossip_addr(nodes[0]))
+        wait_for(lambda: agreed(nodes), 90, "one leader on both nodes")
+
+        def locked() -> bool:
+            r, ok = raw(nodes[0], login(nodes[0]))
+            try:
+                c = json.loads(r.request("$JS.API.STREAM.INFO.KV_kovanex"))["config"]
+                return c["deny_purge"] is True and c["allow_rollup_hdrs"] is False
+            finally:
+                r.close()
+
+        wait_for(locked, 30, "the old bucket's stream locked")
+    finally:
+        for n in nodes:
+            n.stop()
