@@ -21,7 +21,7 @@ import pytest
 from kovanex import config as cfgmod
 from kovanex import natsauth
 from kovanex.agent.natsserver import nats_binary, render_config
-from tests.agentkit import Node, wait_for
+from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
 from tests.natsraw import RawNats
 from tests.test_coordination_nats import TOKEN, agreed, gossip_addr
 
@@ -262,6 +262,38 @@ def test_a_stranger_server_does_not_join_as_a_route(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+PROBE = """#!/bin/bash
+# what a step tries: read the servers' configs, then CONNECT {{}} on their client ports
+for c in {confs}; do cat "$c" >> {x}/conf.out 2>&1 || echo "unreadable $c" >> {x}/conf.out; done
+for p in {ports}; do
+  exec 3<>/dev/tcp/127.0.0.1/$p || continue
+  printf 'CONNECT {{}}\\r\\nPING\\r\\n' >&3
+  timeout 5 cat <&3 >> {x}/nats.out
+  exec 3<&-
+done
+echo done > {x}/done
+"""
+
+
+def test_a_step_can_neither_read_the_logins_nor_connect(
+    cluster: list[Node], tmp_path: Path
+) -> None:
+    x = exchange_dir()
+    confs = " ".join(str(n.data / "nats" / "nats.conf") for n in cluster)
+    probe = PROBE.format(x=x, confs=confs, ports=" ".join(str(ports(n)[0]) for n in cluster))
+    spec = '[[steps]]\nname = "probe"\nrun = "bash probe.sh"\n'
+    clone = clone_with_task(cluster[0], "probe", tmp_path / "c", "p-1", spec, {"probe.sh": probe})
+    git("push", "-q", "origin", "task/p-1", cwd=clone)
+    wait_for(lambda: (x / "done").exists(), 120, "the probe step to finish")
+    seen = (x / "nats.out").read_text(errors="replace")
+    assert seen.count(VIOLATION) == len(cluster) and "PONG" not in seen, seen
+    conf = (x / "conf.out").read_text(errors="replace")
+    assert conf.count("unreadable") == len(cluster), conf
+    for n in cluster:
+        route = natsauth.route_login(cfgmod.read_token(cfgmod.Layout(n.data)))
+        assert route.password not in conf and login(n).password not in conf
 
 
 def test_the_logins_follow_kovanex_keys(cluster: list[Node]) -> None:
