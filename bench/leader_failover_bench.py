@@ -20,13 +20,14 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.cluster_bench import Cluster
 from bench.common import kx, md_table, p50, pct, sandbox, sh, step_writable, wait
+from kovanex import config as cfgmod
+from kovanex import natsauth
 from kovanex.agent import control
 
 
@@ -63,17 +64,19 @@ class NatsCluster(Cluster):
         return next(iter(seen)) if len(seen) == 1 else None
 
     def stream_leader(self) -> str | None:
+        """The KV stream's leader, as the agents read it through their authenticated
+        client (`cluster status` backend.kv; the NATS monitor port is off, ADR 0059)."""
         for n in self.live():
-            port = self.port(n, "monitor_port")
-            try:
-                out = sh("curl", "-s", "-m", "1", f"http://127.0.0.1:{port}/jsz?streams=true")
-                for acc in json.loads(out).get("account_details", []):
-                    for s in acc.get("stream_detail", []):
-                        if s["name"] == "KV_kovanex":
-                            return s["cluster"]["leader"]
-            except (subprocess.CalledProcessError, ValueError, KeyError):
-                continue
+            st = self.status(n)
+            kv = ((st or {}).get("backend") or {}).get("kv") or {}
+            if kv.get("leader"):
+                return kv["leader"]
         return None
+
+    def login(self) -> dict[str, str]:
+        """nats.connect's user and password: the nodes' agent login (natsauth.py)."""
+        got = natsauth.agent_login(cfgmod.Layout(self.root / self.names[0]))
+        return {"user": got.user, "password": got.password}
 
     def client_urls(self) -> list[str]:
         return [f"nats://127.0.0.1:{self.port(n, 'client_port')}" for n in self.live()]
@@ -107,7 +110,7 @@ def _move_stream_leader(c: NatsCluster, target: str) -> bool:
     async def go() -> None:
         import nats
 
-        nc = await nats.connect(servers=c.client_urls(), connect_timeout=1)
+        nc = await nats.connect(servers=c.client_urls(), connect_timeout=1, **c.login())
         try:
             for _ in range(30):
                 if c.stream_leader() == target:
@@ -137,7 +140,9 @@ def floor_trial(c: NatsCluster) -> float:
         import nats
 
         urls = [u for n, u in zip(c.live(), c.client_urls(), strict=True) if n != victim]
-        nc = await nats.connect(servers=urls, connect_timeout=1, max_reconnect_attempts=-1)
+        nc = await nats.connect(
+            servers=urls, connect_timeout=1, max_reconnect_attempts=-1, **c.login()
+        )
         for _ in range(60):  # the cluster may still be settling after the last restart
             try:
                 kv = await nc.jetstream(timeout=1.0).key_value("kovanex")

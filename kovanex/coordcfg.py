@@ -16,7 +16,10 @@ from kovanex.core.leader import Config as LeaseConfig
 
 BACKENDS = ("gossip", "nats")
 FAILOVERS = ("absolute_consistency", "split_brain_allowed")
-PORTS = ("client_port", "cluster_port", "monitor_port")
+PORTS = ("client_port", "cluster_port")
+# Read and ignored: the NATS monitor port is off since issue 24 (it showed /jsz, /routez and
+# /connz to every step). Configs written before still load.
+LEGACY = ("monitor_port",)
 ENABLE_HINT = 'kovanex init --coordination nats (or [coordination] backend = "nats")'
 
 
@@ -28,14 +31,14 @@ class CoordinationError(ValueError):
 class CoordinationConfig:
     """backend: "gossip" (AP only, today's behaviour) or "nats" (JetStream KV lease).
     Ports (0: not chosen; `kovanex init --coordination nats` picks free ones):
-    client_port for clients, cluster_port for routes, monitor_port for /healthz and /jsz.
+    client_port for clients, cluster_port for routes (no monitor port: ADR 0059).
+    cluster_name: "" derives it from the cluster token (natsauth.cluster_name).
     failover_default: a task's `failover` when its task.toml has none."""
 
     backend: str = "gossip"
     client_port: int = 0
     cluster_port: int = 0
-    monitor_port: int = 0
-    cluster_name: str = "kovanex"
+    cluster_name: str = ""
     lease_ttl_s: float = 2.5
     renew_interval_s: float = 0.5
     failover_default: str = "split_brain_allowed"
@@ -64,11 +67,11 @@ class CoordinationConfig:
             if self.backend == "nats" and v == 0:
                 raise CoordinationError(
                     f"{where} {k} is not set; `kovanex init --coordination nats` picks free "
-                    "ports, or set client_port, cluster_port and monitor_port"
+                    "ports, or set client_port and cluster_port"
                 )
         used = [getattr(self, k) for k in PORTS if getattr(self, k)]
         if len(set(used)) != len(used):
-            raise CoordinationError(f"{where} client, cluster and monitor ports must differ")
+            raise CoordinationError(f"{where} client and cluster ports must differ")
         try:
             self.lease()
         except ValueError as e:
@@ -79,6 +82,7 @@ class CoordinationConfig:
         if not isinstance(table, dict):
             raise CoordinationError(f"{path}: [coordination] must be a table")
         known = {f.name: f.type for f in fields(cls)}
+        table = {k: v for k, v in table.items() if k not in LEGACY}
         unknown = sorted(set(table) - set(known))
         if unknown:
             raise CoordinationError(

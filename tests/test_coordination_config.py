@@ -46,7 +46,7 @@ def test_coordination_settings_are_validated_with_a_clear_error(table: str, msg:
 def test_the_table_round_trips_and_gossip_writes_nothing() -> None:
     c = cfgmod.NodeConfig("n1")
     assert "[coordination]" not in c.to_toml()
-    c.coordination = CoordinationConfig("nats", 4301, 4302, 4303, lease_ttl_s=4.0)
+    c.coordination = CoordinationConfig("nats", 4301, 4302, lease_ttl_s=4.0)
     back = cfgmod.NodeConfig.from_toml(c.to_toml())
     assert back.coordination == c.coordination
     assert back.coordination.lease().ttl_s == 4.0
@@ -75,10 +75,9 @@ def test_init_with_nats_records_free_distinct_ports(tmp_path: Path) -> None:
     )
     ca = cfgmod.load(cfgmod.Layout(tmp_path / "a")).coordination
     cb = cfgmod.load(cfgmod.Layout(tmp_path / "b")).coordination
-    ports = [ca.client_port, ca.cluster_port, ca.monitor_port]
-    ports += [cb.client_port, cb.cluster_port, cb.monitor_port]
+    ports = [ca.client_port, ca.cluster_port, cb.client_port, cb.cluster_port]
     assert ca.backend == cb.backend == "nats"
-    assert len(set(ports)) == 6 and all(1024 <= p < 65536 for p in ports)
+    assert len(set(ports)) == 4 and all(1024 <= p < 65536 for p in ports)
 
 
 def test_absolute_consistency_is_refused_at_push_time_on_gossip(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from kovanex import config as cfgmod
+from kovanex import natsauth
 from kovanex.agent.context import NodeContext
 from kovanex.agent.natsserver import NatsServer
 from kovanex.coordcfg import ENABLE_HINT
@@ -30,7 +31,7 @@ from kovanex.core import rejoin
 from kovanex.core.effects import SetTimer
 
 log = logging.getLogger("kovanex.coordination")
-BUCKET = "kovanex"
+BUCKET = natsauth.BUCKET
 LEADER_KEY = "leader"
 RUNS_NATS = ("full", "server")
 # JetStream's maximum. The bucket's own Raft group must be the cluster's majority: with R3
@@ -132,14 +133,17 @@ class NatsCoordination:
         self.members = members
         c = ctx.cfg.coordination
         self.host = cfgmod.parse_addr(ctx.cfg.gossip_bind)[0]
+        # the gossip keyring's keys, primary first: client logins derive from them, so
+        # `kovanex keys` rotates NATS users too (the daemon wires the live keyring)
+        keys = natsauth.client_keys(ctx.layout, ctx.cfg)
+        self.keys: Callable[[], list[bytes]] = lambda: keys
         self.server: NatsServer | None = None
         if ctx.cfg.role in RUNS_NATS:
-            self.server = NatsServer(ctx.name, self.host, c, ctx.layout.root)
+            self.server = NatsServer(ctx.name, self.host, c, ctx.layout.root, self._auth())
         self.state = core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
         self.kv: Any = None
         self.nc: Any = None
         self.heartbeats: dict[str, tuple[dict[str, Any], float]] = {}
-        self.jsz: dict[str, Any] | None = None
         # the KV stream's own replication: {replicas, current, leader}; a cut while new
         # replicas still catch up can cost writes (ADR 0045), so `cluster status` shows it
         self.kv_replication: dict[str, Any] | None = None
@@ -157,6 +161,15 @@ class NatsCoordination:
         self.gate = rejoin.Gate()
         self.sync: Callable[[], Awaitable[tuple[int, int]]] = _lone
         self.on_ready: Callable[[], None] = lambda: None
+
+    # -- credentials (ADR 0059) -----------------------------------------------------------
+    def _auth(self) -> natsauth.ServerAuth:
+        name = self.ctx.cfg.coordination.cluster_name
+        return natsauth.server_auth(self.ctx.token, self.keys(), name)
+
+    def _login(self) -> natsauth.Login:
+        """Asked at every (re)connect, so a key made primary is used from the next one."""
+        return self._auth().users[0]
 
     # -- lifecycle ---------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -201,10 +214,12 @@ class NatsCoordination:
             await asyncio.sleep(1.0)
             if self.server is not None:
                 routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
-                if self.server.set_routes(routes):
-                    log.info("nats routes now %s", sorted(self.server.routes))
-                code, body = await self.server.monitor("/jsz")
-                self.jsz = body if code == 200 else None
+                was = (self.server.routes, self.server.auth.users)
+                if self.server.set_routes(routes, self._auth()):  # host:port only: no secret
+                    if was[0] != self.server.routes:
+                        log.info("nats routes now %s", sorted(self.server.routes))
+                    if was[1] != self.server.auth.users:
+                        log.info("nats users now follow %d gossip key(s)", len(self.keys()))
             await self._grow_bucket()
 
     # -- the NATS client ---------------------------------------------------------------
@@ -222,8 +237,11 @@ class NatsCoordination:
                 await asyncio.sleep(0.5)
                 continue
             try:
-                self.nc = await nats.connect(
+                self.nc = await nats.connect(  # the login as arguments, never in a URL
                     servers=servers,
+                    user=lambda: self._login().user,
+                    password=lambda: self._login().password,
+                    reconnected_cb=self._reconnected,
                     connect_timeout=1,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,
@@ -241,9 +259,15 @@ class NatsCoordination:
         self.tasks.append(asyncio.create_task(self._read_loop()))
         await self._drive()
 
+    async def _reconnected(self) -> None:
+        """After a restart of the server, or a removed key (the server drops that user's
+        connections on reload): the login asked for again is the primary's."""
+        log.info("nats client connected again as %s", self._login().user)
+
     async def _bucket(self, js: Any) -> Any:
         """Create or bind the bucket; on a fresh cluster the first create can go unanswered,
-        so retry until a quorum answers."""
+        so retry until a quorum answers. We make its stream ourselves, locked
+        (natsauth.kv_stream): nats-py's create_key_value allows rollup headers and purges."""
         since = self.ctx.clock.monotonic()
         told = since
         while True:
@@ -253,7 +277,8 @@ class NatsCoordination:
                 pass
             try:
                 n = min(MAX_REPLICAS, len(self._peers()))
-                return await js.create_key_value(bucket=BUCKET, history=1, replicas=max(1, n))
+                await js.add_stream(natsauth.kv_stream(max(1, n)))
+                return await js.key_value(BUCKET)
             except Exception as e:  # noqa: BLE001
                 now = self.ctx.clock.monotonic()
                 if now - told >= BUCKET_WARN_S:  # a quorum forms in seconds: say why not
@@ -273,10 +298,12 @@ class NatsCoordination:
             info = await js.stream_info(f"KV_{BUCKET}")
             self.kv_replication = _replication(info)
             want = min(MAX_REPLICAS, len(self._peers()))
-            if info.config.num_replicas < want:
-                info.config.num_replicas = want
+            grow = info.config.num_replicas < want
+            if grow or not natsauth.locked(info.config):  # a bucket an older version made, too
+                info.config.num_replicas = max(want, info.config.num_replicas)
+                info.config.deny_purge, info.config.allow_rollup_hdrs = True, False
                 await js.update_stream(info.config)
-                log.info("KV bucket now has %d replicas", want)
+                log.info("KV bucket: %d replicas, no purge or rollup", info.config.num_replicas)
             if self.step_away and core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
                 leader = info.cluster.leader if info.cluster else None
                 if leader == self.ctx.name:  # keep the stream leader off the lease holder
@@ -479,8 +506,6 @@ class NatsCoordination:
         backend: dict[str, Any] = {"name": "nats", "servers": servers}
         if self.kv_replication is not None:
             backend["kv"] = self.kv_replication
-        if self.jsz is not None:
-            backend["jsz"] = {k: self.jsz.get(k) for k in ("meta_cluster", "streams", "config")}
         return {
             "cluster_size": len(nodes),
             "leader": leader if held else None,

@@ -188,6 +188,7 @@ class Agent:
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
+            self.coord.keys = self.cluster.keyring.keys  # `kovanex keys` rotates NATS users
             self.metrics.leader_term = lambda: self.coord.summary()["term"] or None
             self.promotions.term = lambda: (
                 int(self.coord.summary()["term"]) if self.coord.can_place() else None

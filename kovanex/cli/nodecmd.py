@@ -184,7 +184,7 @@ def cmd_init(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     if args.coordination == "nats":  # ports recorded now, so nodes can share one host
         taken = {port, hport}
         picks = []
-        for _ in range(3):
+        for _ in range(2):  # client and cluster; no monitor port (ADR 0059)
             picks.append(_free_port(host, avoid=frozenset(taken)))
             taken.add(picks[-1])
         cfg.coordination = CoordinationConfig("nats", *picks)
