@@ -140,7 +140,7 @@ def api_call(
     try:
         return c.call(op_id, body, query=query, path=params)
     except ApiError as e:
-        raise CliError(explain(e, c, op_id, layout)) from e
+        raise explain(e, c, op_id, layout) from e
     finally:
         c.close()
 
