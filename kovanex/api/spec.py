@@ -317,8 +317,7 @@ OPS: tuple[Op, ...] = (
        "This agent: node, pid, uptime, runners, runs, gossip security, coordination "
        "(answers before a NATS quorum and says it is waiting)", "agent",
        response=obj({"node": S, "pid": I0, "uptime_s": NUM, "runners": ANY_OBJ,
-                     "running": arr(S), "pending": arr(S), "coordination": ANY_OBJ,
-                     "cordoned": B},
+                     "running": arr(S), "pending": arr(S), "coordination": ANY_OBJ},
                     ("node", "pid", "runners", "running", "pending"))),
     Op("ReloadAgent", "POST", "/v1/agent/reload", "admin",
        "Re-read kovanex.toml (modules, labels) and gossip the change", "agent",
