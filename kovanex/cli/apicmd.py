@@ -99,10 +99,10 @@ def client_for(
     token: str | None = None,
     timeout: float = 30.0,
     from_env: bool = True,
-) -> Any:
+) -> tuple[Any, Target]:
     """A Client for the agent at `addr` ($KOVANEX_ADDR, else this node's), as `token`
-    ($KOVANEX_TOKEN, else this node's local admin token); `.target` says which came
-    from where."""
+    ($KOVANEX_TOKEN, else this node's local admin token), and the Target that says
+    which came from where."""
     from kovanex.client import Client, node_url
 
     t = Target(layout, addr, token, from_env)
@@ -114,8 +114,7 @@ def client_for(
         c = Client(url, t.token, timeout, from_env=False)
     except ValueError as e:
         raise CliError(f"{t.addr_from or 'address'}: {e}; give http://HOST:PORT") from e
-    c.target = t
-    return c
+    return c, t
 
 
 def api_call(
@@ -136,28 +135,27 @@ def api_call(
     a refusal a CliError."""
     from kovanex.client import ApiError
 
-    c = client_for(layout, addr, token, timeout, from_env)
+    c, t = client_for(layout, addr, token, timeout, from_env)
     try:
         return c.call(op_id, body, query=query, path=params)
     except ApiError as e:
-        raise explain(e, c, op_id, layout) from e
+        raise explain(e, c.url, t, op_id, layout) from e
     finally:
         c.close()
 
 
-def explain(e: Any, c: Any, op_id: str, layout: cfgmod.Layout) -> CliError:
+def explain(e: Any, url: str, t: Target, op_id: str, layout: cfgmod.Layout) -> CliError:
     """An ApiError as the CLI says it: who did not answer, or the agent's own words."""
-    t: Target = c.target
     via = f" (from {t.addr_from})" if t.addr_from else ""
     if e.status == 0 and isinstance(e.__cause__, ConnectionRefusedError):
         if t.addr is None:
             return AgentDown(
-                f"the agent is not running (nothing answers at {c.url}); "
+                f"the agent is not running (nothing answers at {url}); "
                 f"start it with `kovanex agent --data {layout.root}`"
             )
-        return AgentDown(f"no agent answers at {c.url}{via}")
+        return AgentDown(f"no agent answers at {url}{via}")
     if e.status == 0:
-        return CliError(f"the agent did not answer {op_id} at {c.url}{via} ({e.message})")
+        return CliError(f"the agent did not answer {op_id} at {url}{via} ({e.message})")
     if e.status in (401, 403):
         return CliError(t.refused(e.message))
     return CliError(e.message)  # the agent's own words, as the socket gave them
@@ -182,15 +180,15 @@ def cmd_api(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         query, body = doc, None
     else:
         query, body = None, doc
-    c = client_for(layout, args.addr, args.token)
+    c, t = client_for(layout, args.addr, args.token)
     try:
         out = c.call(op.op_id, body, index=args.index, wait=args.wait, query=query, path=params)
     except ApiError as e:
         if e.status == 0:
-            raise explain(e, c, op.op_id, layout) from e
+            raise explain(e, c.url, t, op.op_id, layout) from e
         where = f" [{e.field}]" if e.field else ""
         msg = f"{op.op_id}: {e.status} {e.code}: {e.message}{where}"
-        raise CliError(c.target.refused(msg) if e.status in (401, 403) else msg) from e
+        raise CliError(t.refused(msg) if e.status in (401, 403) else msg) from e
     finally:
         c.close()
     emit_json(out)
