@@ -55,7 +55,10 @@ class StepLogs:
             if i in self.done:
                 continue
             self.read_live(d, s)
-            finished = "commit" in s or final
+            # a step failed under an older lease is run again (retry, failover): not done
+            finished = final or (
+                "commit" in s and (s["state"] == "ok" or s.get("epoch") == d["epoch"])
+            )
             if finished:
                 if i not in self.offset:
                     self.committed(s)
