@@ -4,6 +4,7 @@
     c = Client("http://10.0.0.5:7101", token="kxu_...")
     c.call("ListNodes")["nodes"]
     c.call("CancelTask", repo="app", task="build-1", body={"reason": "superseded"})
+    c.call("InspectUnit", path={"index": 1})  # a path parameter named like call's own
     for ev in c.events(topics=["task"]):
         print(ev["event"], ev["data"]["task"], ev["data"]["state"])
 
@@ -125,9 +126,14 @@ class Client:
         index: int | None = None,
         wait: str | None = None,
         query: dict[str, Any] | None = None,
+        path: dict[str, Any] | None = None,
         **params: Any,
     ) -> Any:
-        """Call an operation by its operationId; a blocking read with `index`/`wait`."""
+        """Call an operation by its operationId; a blocking read with `index`/`wait`.
+
+        Path parameters are keyword arguments, or `path={...}` for one named like a
+        keyword of call itself (InspectUnit's and GetStepLog's `index`)."""
+        params = {**(path or {}), **params}
         op = _BY_ID.get(op_id)
         if op is None:
             raise ApiError(0, "unknown_operation", f"no operation {op_id}; see /v1/openapi.json")

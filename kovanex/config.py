@@ -338,12 +338,19 @@ def _scaling(table: Any, path: str) -> ScalingPolicy:
         raise ConfigError(f"{path}: {e}") from e
 
 
+def no_node(layout: Layout, addr_hint: bool = False) -> str:
+    """What every verb says when `--data` names no node (`addr_hint`: the verb takes
+    `--addr`, so an agent elsewhere would do too)."""
+    hint = ", or pass --addr http://HOST:PORT of a node's agent" if addr_hint else ""
+    return (
+        f"no node at {layout.root} (missing kovanex.toml); "
+        f"run `kovanex init --data {layout.root} --name NAME` first{hint}"
+    )
+
+
 def load(layout: Layout) -> NodeConfig:
     if not layout.config.exists():
-        raise ConfigError(
-            f"no node at {layout.root} (missing kovanex.toml); "
-            f"run `kovanex init --data {layout.root} --name NAME` first"
-        )
+        raise ConfigError(no_node(layout))
     cfg = NodeConfig.from_toml(layout.config.read_text(), str(layout.config))
     cfg.node_id = node_id(layout)
     return cfg

@@ -193,12 +193,16 @@ class Cluster:
             )
         return sorted(out, key=lambda d: d["name"])
 
-    def node_infos(self) -> list[NodeInfo]:
-        """Alive remote members as scheduler input (the local node is built fresh)."""
+    def node_infos(self, cordoned_too: bool = False) -> list[NodeInfo]:
+        """Alive remote members as scheduler input (the local node is built fresh);
+        `cordoned_too`: cordoned ones as well, marked, so placement can say a cordon is
+        why a task waits."""
         infos = []
         cordoned = {m.name for m in self.node.members() if (m.meta or {}).get("cordon")}
         for d in self.members():
-            if d["name"] == self.ctx.name or d["status"] != "alive" or d["name"] in cordoned:
+            if d["name"] == self.ctx.name or d["status"] != "alive":
+                continue
+            if d["name"] in cordoned and not cordoned_too:
                 continue
             infos.append(
                 NodeInfo(
@@ -213,6 +217,7 @@ class Cluster:
                     runners_used=int(d["runners_used"]),
                     repos_owned=frozenset(d["repos_owned"]),
                     repos_replica=frozenset(d["repos_replica"]),
+                    cordoned=d["name"] in cordoned,
                 )
             )
         return infos

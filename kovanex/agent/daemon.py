@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kovanex import config as cfgmod
@@ -69,8 +70,8 @@ class Agent:
         self.locks = TaskLocks()
         self.placer = Placer(
             lambda: [
-                *([] if self.cluster.cordoned else [self.local.info()]),
-                *self.cluster.node_infos(),
+                replace(self.local.info(), cordoned=self.cluster.cordoned),
+                *self.cluster.node_infos(cordoned_too=True),
             ],
             self.repos.ledger,
             lambda: ctx.cfg.strategy,

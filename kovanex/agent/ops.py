@@ -33,6 +33,7 @@ class ControlOps:
                 "pid": os.getpid(),
                 "uptime_s": round(a.ctx.clock.time() - a.started, 1),
                 "runners": {"total": a.runs.slots.total, "used": a.runs.slots.used},
+                "cordoned": a.cluster.cordoned,  # no new placements here (CordonNode)
                 "isolation": a.runs.isolation,
                 "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],

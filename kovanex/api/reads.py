@@ -110,7 +110,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         return node(a, c.params["name"])
 
     async def graph(c: Call) -> Any:
-        return ClusterGraph.from_members(a.cluster.members()).to_dict()
+        return ClusterGraph.from_members(members(a)).to_dict()  # with `cordoned`
 
     async def health(c: Call) -> Any:
         return await control(a, "health")

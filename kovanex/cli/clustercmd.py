@@ -1,4 +1,5 @@
-"""Serf-style cluster verbs: members, join, leave, force-leave, monitor, keys, keygen."""
+"""Serf-style cluster verbs: members, join, leave, force-leave, monitor, keys, keygen;
+and `node cordon|uncordon NAME`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.cli.apicmd import AgentDown, api_call
+from kovanex.cli.apicmd import AgentDown, add_addr, api_call
 from kovanex.cli.nodecmd import agent_pid
 from kovanex.cli.output import CliError, add_format, emit_json, table
 
@@ -17,11 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("members", help="list cluster members (Serf: members)")
     p.add_argument("--status", help="only members in this status: alive|suspect|dead|left")
     p.add_argument("--label", action="append", default=[], help="only members with k=v")
+    add_addr(p)
     add_format(p)
     p.set_defaults(func=cmd_members)
 
     p = sub.add_parser("join", help="join a cluster through one or more members")
     p.add_argument("addrs", nargs="+", metavar="HOST:PORT")
+    add_addr(p)
     p.set_defaults(func=cmd_join)
 
     p = sub.add_parser("leave", help="leave the cluster gracefully and stop the agent")
@@ -29,16 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("force-leave", help="mark a failed member as left")
     p.add_argument("name")
+    add_addr(p)
     p.set_defaults(func=cmd_force_leave)
 
     p = sub.add_parser("monitor", help="stream member events and agent log lines")
     p.add_argument("--since", type=int, default=0, help="start after this event number")
     p.add_argument("--count", type=int, default=0, help="stop after N events (0 = forever)")
+    add_addr(p)
     add_format(p)
     p.set_defaults(func=cmd_monitor)
 
     p = sub.add_parser("keygen", help="print a new 32-byte gossip key (base64)")
-    p.set_defaults(func=cmd_keygen)
+    p.set_defaults(func=cmd_keygen, needs_node=False)
 
     p = sub.add_parser("keys", help="manage the gossip keyring (install, use, remove, list)")
     g = p.add_mutually_exclusive_group(required=True)
@@ -55,14 +60,39 @@ def register_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cluster", help="cluster-wide views: `cluster status` (leader, term)")
     verbs = p.add_subparsers(dest="cluster_cmd", required=True, metavar="<verb>")
     s = verbs.add_parser("status", help="leader, term, quorum and each node's view")
+    add_addr(s)
     add_format(s)
     s.set_defaults(func=cmd_cluster_status)
+
+    p = sub.add_parser("node", help="one node: `node cordon|uncordon NAME` (placements)")
+    verbs = p.add_subparsers(dest="node_cmd", required=True, metavar="<verb>")
+    for verb, what in (
+        ("cordon", "place no new task on NAME (running ones go on)"),
+        ("uncordon", "let NAME take new tasks again"),
+    ):
+        c = verbs.add_parser(verb, help=what)
+        c.add_argument("name", help="the node's name (see `kovanex members`)")
+        add_addr(c)
+        c.set_defaults(func=cmd_cordon, enable=verb == "cordon")
+
+
+def cmd_cordon(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    """CordonNode, answered by the named node itself (the API forwards it there)."""
+    res = api_call(layout, "CordonNode", {"enable": args.enable}, addr=args.addr, name=args.name)
+    if res["cordoned"]:
+        print(
+            f"node {res['node']} cordoned: no new task is placed on it; "
+            f"`kovanex node uncordon {res['node']}` undoes it"
+        )
+    else:
+        print(f"node {res['node']} uncordoned: it takes new tasks again")
+    return 0
 
 
 def cmd_cluster_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     """The seed's shape (cluster_size, leader, term, quorum, status, nodes), whatever the
     backend; NATS's own view is under `backend`."""
-    st = api_call(layout, "GetClusterStatus")
+    st = api_call(layout, "GetClusterStatus", addr=args.addr)
     if args.format == "json":
         emit_json(st)
         return 0
@@ -81,7 +111,7 @@ def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     want = cfgmod.parse_labels(args.label)
     rows = [
         m
-        for m in api_call(layout, "ListNodes")["nodes"]
+        for m in api_call(layout, "ListNodes", addr=args.addr)["nodes"]
         if (not args.status or m["status"] == args.status)
         and all(m["labels"].get(k) == v for k, v in want.items())
     ]
@@ -94,7 +124,7 @@ def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
                 (
                     m["name"],
                     m["addr"],
-                    m["status"],
+                    m["status"] + (" (cordoned)" if m.get("cordoned") else ""),
                     m["role"],
                     ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items())) or "-",
                     f"{m['runners_used']}/{m['runners_total']}",
@@ -109,7 +139,7 @@ def cmd_members(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_join(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    res = api_call(layout, "JoinCluster", {"addrs": args.addrs})
+    res = api_call(layout, "JoinCluster", {"addrs": args.addrs}, addr=args.addr)
     print(f"joined: {res['joined']} of {len(args.addrs)} address(es) answered")
     return 0
 
@@ -124,7 +154,7 @@ def cmd_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_force_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    api_call(layout, "RemoveNode", name=args.name)
+    api_call(layout, "RemoveNode", addr=args.addr, name=args.name)
     print(f"{args.name} is marked left")
     return 0
 
@@ -132,7 +162,7 @@ def cmd_force_leave(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def cmd_monitor(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     seq, seen = args.since, 0
     while True:
-        res = api_call(layout, "ListClusterEvents", query={"since": seq})
+        res = api_call(layout, "ListClusterEvents", query={"since": seq}, addr=args.addr)
         for e in res["events"]:
             seq = max(seq, e["seq"])
             seen += 1

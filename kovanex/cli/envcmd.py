@@ -9,12 +9,11 @@ to the repo's owner (it decides and writes), and who asks is the bearer token's 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.cli.apicmd import api_call
+from kovanex.cli.apicmd import add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 
 POLL_S = 0.3  # how often --follow asks the agent for new report lines (not synchronisation)
@@ -51,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser, token: bool = True) -> None:
     p.add_argument("--repo", default=None, help="repo name (default: the one with environments)")
+    add_addr(p)
     if token:
         p.add_argument("--token", default=None, help="your token (default: $KOVANEX_TOKEN)")
     if token:  # every request (all but `env list`) follows its report
@@ -63,7 +63,9 @@ def _repo(repo: str | None) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    envs = api_call(layout, "ListEnvironments", query=_repo(args.repo))["environments"]
+    envs = api_call(layout, "ListEnvironments", query=_repo(args.repo), addr=args.addr)[
+        "environments"
+    ]
     if args.format == "json":
         emit_json(envs)
         return 0
@@ -85,26 +87,30 @@ def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_request(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    token = getattr(args, "token", None) or os.environ.get("KOVANEX_TOKEN") or None
-    body = _repo(args.repo)
+    token = args.token  # else $KOVANEX_TOKEN, else the node's own (apicmd.Target)
+    body, addr = _repo(args.repo), args.addr
     if args.op == "promote":
         res = api_call(layout, "PromoteRelease", {**body, "version": args.version,
-                                                  "env": args.env}, token=token)  # fmt: skip
+                                                  "env": args.env}, token=token,
+                       addr=addr)  # fmt: skip
     elif args.op == "approve":
         env, _, version = args.id.partition("/")
         if not env or not version:
             raise CliError(f"{args.id!r} is not a promotion id; `kovanex env list` shows them")
-        res = api_call(layout, "ApprovePromotion", body, token=token, env=env, version=version)
+        res = api_call(layout, "ApprovePromotion", body, token=token, addr=addr, env=env,
+                       version=version)  # fmt: skip
     else:
         op = "VerifyEnvironment" if args.op == "verify" else "RollbackEnvironment"
-        res = api_call(layout, op, body, token=token, env=args.env)
+        res = api_call(layout, op, body, token=token, addr=addr, env=args.env)
     print(f"{res['message']} (as {res['by']})")
     if getattr(args, "no_wait", True) or not res.get("id"):
         return 0
-    return follow(layout, res["repo"], res["id"], args.timeout)
+    return follow(layout, res["repo"], res["id"], args.timeout, addr)
 
 
-def follow(layout: cfgmod.Layout, repo: str, pid: str, timeout: float) -> int:
+def follow(
+    layout: cfgmod.Layout, repo: str, pid: str, timeout: float, addr: str | None = None
+) -> int:
     """Print a promotion's report as it grows, then the hops it opened, until they settle."""
     deadline = time.monotonic() + timeout
     todo, seen, status = [pid], set(), ""
@@ -112,7 +118,8 @@ def follow(layout: cfgmod.Layout, repo: str, pid: str, timeout: float) -> int:
     while todo:
         cur = todo[0]
         env, _, version = cur.partition("/")
-        rep = api_call(layout, "GetPromotion", query={"repo": repo}, env=env, version=version)
+        rep = api_call(layout, "GetPromotion", query={"repo": repo}, addr=addr, env=env,
+                       version=version)  # fmt: skip
         for n in rep["notes"]:
             if n["oid"] not in printed:
                 printed.add(n["oid"])

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 from kovanex import __version__
 from kovanex import config as cfgmod
@@ -20,7 +21,7 @@ COMMANDS: dict[str, str] = {
     "task": "taskcmd",
     "schema": "schemacmd",
     **dict.fromkeys(("members", "join", "leave", "force-leave", "monitor"), "clustercmd"),
-    **dict.fromkeys(("keygen", "keys", "cluster"), "clustercmd"),
+    **dict.fromkeys(("keygen", "keys", "cluster", "node"), "clustercmd"),
     **dict.fromkeys(("health", "graph", "module"), "schedcmd"),
     "units": "unitcmd",
     **dict.fromkeys(("token", "credential"), "tokencmd"),
@@ -74,11 +75,43 @@ def split_data(argv: list[str]) -> tuple[str | None, list[str]]:
     return data, rest
 
 
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The deepest subcommand parser `args` went through (`kovanex task list`'s), so a
+    mistake in its arguments is answered with its own usage, not the top-level one."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub is not None else None
+        if sub is None or name not in sub.choices:
+            return parser
+        parser = sub.choices[name]
+
+
+def parse(rest: list[str]) -> argparse.Namespace:
+    parser = build_parser(rest)
+    args, extra = parser.parse_known_args(rest)
+    if extra:  # argparse would print the top-level usage: say it as the verb's own parser
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def check_node(args: argparse.Namespace, layout: cfgmod.Layout) -> None:
+    """A verb that needs a node refuses a data dir that holds none, before it reads
+    anything (an empty table would say "no tasks", not "wrong --data"). A verb that takes
+    `--addr` needs no local node once it is pointed at an agent."""
+    takes_addr = hasattr(args, "addr")
+    if not getattr(args, "needs_node", True) or layout.config.exists():
+        return
+    if takes_addr and (args.addr or os.environ.get("KOVANEX_ADDR")):
+        return
+    raise CliError(cfgmod.no_node(layout, addr_hint=takes_addr))
+
+
 def main(argv: list[str] | None = None) -> int:
     data, rest = split_data(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser(rest).parse_args(rest)
+    args = parse(rest)
     layout = cfgmod.Layout(cfgmod.data_dir(data))
     try:
+        check_node(args, layout)
         rc = int(args.func(args, layout) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return rc

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from kovanex import config as cfgmod
-from kovanex.cli.apicmd import api_call
+from kovanex.cli.apicmd import add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json
 from kovanex.coordcfg import CoordinationConfig
 
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--units-root", default="", help="unit work paths (default /var/lib/kovanex/units/NODE)"
     )
-    p.set_defaults(func=cmd_init)
+    p.set_defaults(func=cmd_init, needs_node=False)
 
     p = sub.add_parser("agent", help="run the node agent (foreground)")
     p.add_argument("--detach", action="store_true", help="run in the background")
@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("status", help="is the agent up, and what is it doing")
+    add_addr(p)
     add_format(p)
     p.set_defaults(func=cmd_status)
 
@@ -305,12 +306,14 @@ def _detach(layout: cfgmod.Layout, args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    st = api_call(layout, "GetAgentSelf", timeout=10)
+    st = api_call(layout, "GetAgentSelf", addr=args.addr, timeout=10)
     if args.format == "json":
         emit_json(st)
         return 0
     print(f"node {st['node']} pid {st['pid']} up {st['uptime_s']}s")
     print(f"runners {st['runners']['used']}/{st['runners']['total']} used")
+    if st.get("cordoned"):
+        print(f"cordoned: no new task is placed here (`kovanex node uncordon {st['node']}`)")
     if "isolation" in st:
         print(f"isolation {st['isolation']}")
     g = st.get("gossip") or {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex import paths
-from kovanex.cli.apicmd import AgentDown, api_call
+from kovanex.cli.apicmd import AgentDown, add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.gitstate import gitcli
 
@@ -27,10 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = rs.add_parser("replication", help="set a repo's replication: none, async or sync")
     r.add_argument("name")
     r.add_argument("level", choices=["none", "async", "sync"])
-    r.add_argument("--replicas", type=int, default=1, help="replicas wanted (default 1)")
+    r.add_argument(
+        "--replicas", type=int, default=None, help="replicas wanted (default 1; none: 0)"
+    )
+    add_addr(r)
     r.set_defaults(func=cmd_replication)
     st = rs.add_parser("status", help="owner, replication level and each replica's lag")
     st.add_argument("name")
+    add_addr(st)
     add_format(st)
     st.set_defaults(func=cmd_status)
     h = rs.add_parser("install-hooks", help="(re)install the hooks into an existing repo")
@@ -117,8 +121,11 @@ def cmd_list(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    res = api_call(layout, "SetReplicationLevel", {"level": args.level,
-                   "replicas": args.replicas}, repo=args.name)  # fmt: skip
+    replicas = args.replicas
+    if replicas is None:  # `none` keeps no replicas; async and sync want one by default
+        replicas = 0 if args.level == "none" else 1
+    res = api_call(layout, "SetReplicationLevel", {"level": args.level, "replicas": replicas},
+                   addr=args.addr, repo=args.name)  # fmt: skip
     reps = ", ".join(res["replicas"]) or "none yet"
     print(
         f"{args.name}: {res['level']} replication, {res['replicas_wanted']} replica(s) wanted "
@@ -128,7 +135,7 @@ def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    st = api_call(layout, "GetReplicationStatus", repo=args.name)
+    st = api_call(layout, "GetReplicationStatus", addr=args.addr, repo=args.name)
     st.pop("repo", None)
     if st.get("owner") is None:  # known here, but no ownership record yet
         st = {}

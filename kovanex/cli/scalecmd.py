@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kovanex import config as cfgmod
-from kovanex.cli.apicmd import api_call
+from kovanex.cli.apicmd import add_addr, api_call
 from kovanex.cli.output import add_format, emit_json, table
 
 
@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scale", help="autoscaling: the recommendation, and acting on it")
     verbs = p.add_subparsers(dest="scale_cmd", required=True, metavar="<verb>")
     d = verbs.add_parser("decision", help="queue pressure, the recommendation and why")
+    add_addr(d)
     add_format(d)
     d.set_defaults(func=cmd_decision)
     a = verbs.add_parser("apply", help="run the scale executor with the current decision")
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_decision(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
-    d = api_call(layout, "GetScaleDecision", timeout=10)
+    d = api_call(layout, "GetScaleDecision", addr=args.addr, timeout=10)
     if args.format == "json":
         emit_json(d)
         return 0

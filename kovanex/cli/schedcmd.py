@@ -11,7 +11,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modmod
-from kovanex.cli.apicmd import AgentDown, api_call
+from kovanex.cli.apicmd import AgentDown, add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.core.graph import ClusterGraph
 
@@ -26,10 +26,12 @@ CPU_WINDOW_S = 0.2
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("health", help="health matrix and score of this node or a member")
     p.add_argument("node", nargs="?", help="member name (default: every node the agent knows)")
+    add_addr(p)
     add_format(p)
     p.set_defaults(func=cmd_health)
 
     p = sub.add_parser("graph", help="the cluster graph: nodes by health, env and replica edges")
+    add_addr(p)
     add_format(p, ("text", "json", "dot"))
     p.set_defaults(func=cmd_graph)
 
@@ -113,8 +115,10 @@ def render_matrix(name: str, entry: Mapping[str, Any]) -> str:
 def cmd_health(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     source = "agent"
     try:
-        res = api_call(layout, "GetHealthMatrix")
+        res = api_call(layout, "GetHealthMatrix", addr=args.addr)
     except CliError as e:
+        if args.addr or not layout.config.exists():  # no local node to sample instead
+            raise
         why = "the agent is not running" if isinstance(e, AgentDown) else f"{e}"
         print(f"kovanex: {why}; sampled this node locally once", file=sys.stderr)
         res = local_health(layout)
@@ -140,7 +144,7 @@ def cmd_health(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 # -- graph -----------------------------------------------------------------------------
 def cmd_graph(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     try:
-        members = api_call(layout, "ListNodes")["nodes"]
+        members = api_call(layout, "ListNodes", addr=args.addr)["nodes"]
     except CliError as e:
         raise CliError(f"{e} (the cluster graph comes from the live agent's gossip)") from e
     graph = ClusterGraph.from_members(members)

@@ -11,7 +11,7 @@ from kovanex import config as cfgmod
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schema", help="print the task spec (or environments) JSON Schema")
     p.add_argument("which", nargs="?", choices=("task", "environments"), default="task")
-    p.set_defaults(func=cmd_schema)
+    p.set_defaults(func=cmd_schema, needs_node=False)
 
 
 def cmd_schema(args: argparse.Namespace, layout: cfgmod.Layout) -> int:

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     n = ts.add_parser("new", help="create branch task/ID with a spec from a template")
     n.add_argument("id")
     n.add_argument("--template", default="shell", help="template name in templates/")
-    n.set_defaults(func=cmd_new)
+    n.set_defaults(func=cmd_new, needs_node=False)  # works in a clone
 
     s = ts.add_parser("show", help="state, lease and steps of a task")
     s.add_argument("id")
@@ -250,57 +250,30 @@ def cmd_restore(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     return 0
 
 
-def _log_files(layout: cfgmod.Layout, repo: str, task_id: str) -> list[Path]:
-    d = layout.logs / repo / task_id
-    if not d.exists():
-        return []
-    return sorted(d.glob("*.log"), key=lambda p: int(p.name.split("-", 1)[0]))
-
-
 def cmd_logs(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex.cli.tasklogs import StepLogs
+
     repo, led = find_task(layout, args.id, args.repo)
-    offsets: dict[Path, int] = {}
-    out = sys.stdout.buffer
-    while True:
-        for p in _log_files(layout, repo, args.id):
-            with open(p, "rb") as f:
-                f.seek(offsets.get(p, 0))
-                while chunk := f.read(1 << 20):  # a node log may be 64 MiB: never all at once
-                    out.write(chunk)
-                    offsets[p] = offsets.get(p, 0) + len(chunk)
-            out.flush()
-        if not args.follow:
-            break
-        if led.read(args.id).state in taskcore.TERMINAL:
-            # one more drain after the terminal state so the last lines are not lost
-            args.follow = False
-            continue
-        time.sleep(0.1)  # a follower polls the file; this is output pacing, not test sync
-    if not offsets:
-        # no live logs on this node: fall back to the capped logs committed to the branch
-        d = describe(repo, led, args.id)
-        for s in d["steps"]:
-            if "commit" in s:
-                blob = led.store.read_file(
-                    s["commit"], f".kovanex/logs/{s['index']}-{s['name']}.log"
-                )
-                if blob:
-                    out.write(blob)
-        out.flush()
+    StepLogs(layout, repo, args.id, led, sys.stdout.buffer).follow(args.follow)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     repo, led = find_task(layout, args.id, args.repo, archived_ok=False)
-    return _transition(led, args.id, lambda v: taskcore.cancel(v, args.reason), "cancelled")
+    tr = _transition(led, args.id, lambda v: taskcore.cancel(v, args.reason))
+    print(f"task {args.id} cancelled (epoch {tr.epoch})")
+    return 0
 
 
 def cmd_retry(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     repo, led = find_task(layout, args.id, args.repo, archived_ok=False)
-    return _transition(led, args.id, taskcore.retry, "queued again")
+    tr = _transition(led, args.id, taskcore.retry)
+    # the queued commit keeps the old epoch; the run is the next placement's lease
+    print(f"task {args.id} queued again; it runs at epoch {taskcore.next_lease(tr.epoch)}")
+    return 0
 
 
-def _transition(led: TaskLedger, task_id: str, decide: Any, what: str) -> int:
+def _transition(led: TaskLedger, task_id: str, decide: Any) -> Any:
     from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 
     try:
@@ -308,8 +281,7 @@ def _transition(led: TaskLedger, task_id: str, decide: Any, what: str) -> int:
     except (taskcore.IllegalTransition, KeepsChanging) as e:
         raise CliError(str(e)) from e
     assert tr is not None
-    print(f"task {task_id} {what} (epoch {tr.epoch})")
-    return 0
+    return tr
 
 
 def cmd_wait(args: argparse.Namespace, layout: cfgmod.Layout) -> int:

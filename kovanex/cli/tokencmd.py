@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     h = sub.add_parser("credential", help="git credential helper (see gitcredentials(7))")
     h.add_argument("action", choices=("get", "store", "erase"))
-    h.set_defaults(func=cmd_credential)
+    h.set_defaults(func=cmd_credential, needs_node=False)  # silent: git asks elsewhere
 
 
 def _book(layout: cfgmod.Layout) -> TokenBook:

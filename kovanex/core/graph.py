@@ -28,6 +28,7 @@ class Vertex:
     runners_total: int = 0
     repos_owned: tuple[str, ...] = ()
     repos_replica: tuple[str, ...] = ()
+    cordoned: bool = False  # CordonNode: takes no new task
 
     @property
     def env(self) -> str | None:
@@ -43,6 +44,7 @@ class Vertex:
             "health": self.health,
             "runners": {"used": self.runners_used, "total": self.runners_total},
             "repos": {"owned": list(self.repos_owned), "replica": list(self.repos_replica)},
+            "cordoned": self.cordoned,
         }
 
 
@@ -86,6 +88,7 @@ def vertex_from_member(m: Mapping[str, Any]) -> Vertex:
         runners_total=int(_get(m, "runners_total", "runners.total", default=0) or 0),
         repos_owned=tuple(sorted(_get(m, "repos_owned", "repos.owned", default=()) or ())),
         repos_replica=tuple(sorted(_get(m, "repos_replica", "repos.replica", default=()) or ())),
+        cordoned=bool(_get(m, "cordoned", default=False)),
     )
 
 
@@ -172,6 +175,7 @@ class ClusterGraph:
         lines = ["digraph cluster {", "  rankdir=LR;", "  node [shape=box];"]
         for v in self.vertices.values():
             parts = [v.name, v.env or "-", f"{v.health:.2f}", v.role]
+            parts += ["cordoned"] if v.cordoned else []
             label = '"' + "\\n".join(_esc(p) for p in parts) + '"'  # DOT line breaks
             style = "" if v.status == "alive" else ", style=dashed"
             lines.append(f"  {_q(v.name)} [label={label}{style}];")
@@ -246,7 +250,9 @@ def _column(v: Vertex) -> list[str]:
         repos = f"{rep} (replica)"
     else:
         repos = str(owned)
-    status = "" if v.status == "alive" else f" {v.status.upper()}"
+    status = ("" if v.status == "alive" else f" {v.status.upper()}") + (
+        " CORDONED" if v.cordoned else ""
+    )
     caps = ", ".join(v.capabilities) or "-"
     return [
         f"labels: {labels}",

@@ -3,7 +3,8 @@
 Shared by the agent's `Placer`, a SERVER answering a peer (ADR 0014) and the simulator,
 so all three place by the same rules: hard filters and the score (`scoring.place`), wait
 (without a commit) when only capacity is short, and explain when the only nodes that
-could run the task are the ones the placement deadline excluded (ADR 0012).
+could run the task are the ones the placement deadline excluded (ADR 0012) or cordoned
+ones (ADR 0055).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import replace
 
 from kovanex.core import scoring, startwatch
 from kovanex.core.scheduler import Decision
+from kovanex.core.strategies import reason_cordoned
 
 
 def decide(
@@ -23,13 +25,30 @@ def decide(
     rr: int = 0,
 ) -> Decision:
     """`rr` is the caller's round-robin counter (the `round-robin` strategy); it should
-    advance by one each time a decision names a node."""
-    d = _decide(req, strategy, startwatch.candidates(nodes, excluded), rr)
+    advance by one each time a decision names a node. A cordoned node (`NodeInfo.cordoned`)
+    is never chosen; when only cordoned nodes could take the task, the reason says so."""
+    open_nodes = [n for n in nodes if not n.cordoned]
+    d = _decide(req, strategy, startwatch.candidates(open_nodes, excluded), rr)
+    if d.node is None and not d.waiting and len(open_nodes) < len(nodes):
+        fit = [
+            n.name
+            for n in nodes
+            if n.cordoned and n.name not in excluded and _fits(req, strategy, n)
+        ]
+        if fit:
+            return Decision(reason=reason_cordoned(fit))
+    nodes = open_nodes
     if d.node is None and excluded:
         anyone = _decide(req, strategy, list(nodes), rr)
         if anyone.node is not None or anyone.waiting:
             return Decision(reason=startwatch.all_excluded_reason(excluded, d.reason))
     return d
+
+
+def _fits(req: scoring.TaskRequest, strategy: str, node: scoring.NodeInfo) -> bool:
+    """Would this one node take the task, now or once its capacity frees?"""
+    d = _decide(req, strategy, [node], 0)
+    return d.node is not None or d.waiting
 
 
 def _decide(

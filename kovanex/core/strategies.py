@@ -70,6 +70,9 @@ class NodeInfo:
     repos_owned: frozenset[str] = frozenset()
     repos_replica: frozenset[str] = frozenset()
     alive: bool = True
+    # CordonNode: known, but takes no new task. The scoring table never sees a cordoned
+    # node (placing.decide leaves it out); it is here so "why not" can name the cordon.
+    cordoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,17 @@ def reason_mem(req: TaskRequest, best: float) -> str:
 
 
 REASON_EMPTY = "no nodes in the cluster"
+
+
+def reason_cordoned(names: Sequence[str]) -> str:
+    """Why nothing was placed when only cordoned nodes could have taken the task."""
+    which = ", ".join(sorted(names))
+    return (
+        f"only cordoned nodes could run this task ({which}); "
+        "`kovanex node uncordon NAME` lets one take it"
+    )
+
+
 REASON_ALIVE = "no alive node"
 REASON_ROLE = "no alive node can run tasks (only SERVER/STORAGE roles)"
 REASON_SLOT = "no node has a free runner slot"

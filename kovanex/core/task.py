@@ -241,7 +241,15 @@ def place(view: TaskView, node: str, score_extra: Mapping[str, object] | None = 
     if not node:
         raise IllegalTransition(f"task {view.task_id}: place needs a node")
     extra = {k: str(v) for k, v in (score_extra or {}).items()}
-    return Transition(state=to, epoch=view.epoch + 1, node=node, attempt=view.attempt, extra=extra)
+    return Transition(
+        state=to, epoch=next_lease(view.epoch), node=node, attempt=view.attempt, extra=extra
+    )
+
+
+def next_lease(epoch: int) -> int:
+    """The epoch of the next placement after `epoch`: each lease fences the one before,
+    so a task queued at epoch N runs at N + 1 (what `task retry` tells the user)."""
+    return epoch + 1
 
 
 def mark_unschedulable(view: TaskView, reason: str) -> Transition:
