@@ -55,8 +55,14 @@ class EventHub:
                 break
         return self.index
 
-    async def stream(self, since: int, topics: Iterable[str] | None) -> AsyncIterator[bytes]:
-        """SSE frames: `id` is the index (a reconnect sends it back as Last-Event-ID)."""
+    async def stream(
+        self,
+        since: int,
+        topics: Iterable[str] | None,
+        allow: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> AsyncIterator[bytes]:
+        """SSE frames: `id` is the index (a reconnect sends it back as Last-Event-ID).
+        `allow` drops the events a token limited to some repos may not see."""
         want = set(topics) if topics else None
         yield b"retry: 1000\n: connected\n\n"
         last = since
@@ -65,7 +71,9 @@ class EventHub:
             batch = self.since(last, want)
             if batch:
                 last = batch[-1]["index"]
-                yield b"".join(sse(e) for e in batch)
+                shown = [e for e in batch if allow is None or allow(e)]
+                if shown:
+                    yield b"".join(sse(e) for e in shown)
                 continue
             last = max(last, self.index)
             try:
