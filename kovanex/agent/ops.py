@@ -37,6 +37,7 @@ class ControlOps:
                 "isolation": a.runs.isolation,
                 "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
+                "broken": dict(sorted(a.repos.broken.items())),  # repo -> why
                 "hook_port": a.hooks.port,
                 "gossip": a.cluster.security(),
                 # what idle cost follows: tasks in flight, live assignments (ADR 0030/0031)

@@ -75,6 +75,8 @@ def _self(doc: dict[str, Any], seen: Sees) -> dict[str, Any]:
     for k in ("running", "pending"):
         if isinstance(out.get(k), list):
             out[k] = [t for t in out[k] if _key_seen(t, seen)]
+    if isinstance(out.get("broken"), dict):
+        out["broken"] = {r: why for r, why in out["broken"].items() if seen(r)}
     return out
 
 
