@@ -7,15 +7,15 @@ import sys
 
 from kovanex import config as cfgmod
 from kovanex.gitstate.ledger import TaskLedger
-from kovanex.gitstate.pygit2store import Pygit2Store, http_pusher
 from kovanex.gitstate.ownership import BadOwnership
+from kovanex.gitstate.pygit2store import Pygit2Store, http_pusher
 from kovanex.inputlimits import InputLimits
 from kovanex.pushcheck import (
     PUSH_VIA,
     STAGING_PREFIX,
-    broken_refusal,
     PushOptions,
     RefUpdate,
+    broken_refusal,
     check_pre_receive,
     keep_pusher_log,
     record_push,
