@@ -178,9 +178,11 @@ def test_sigterm_during_start_up_exits_within_10s(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        wait_for(lambda: (n.data / "run").exists(), 30, "the agent under way")
-        assert not n.ready()
+        # its control socket is up early in start-up, its hook endpoint last
+        wait_for(lambda: (n.data / "run" / "agent.sock").exists(), 30, "start-up under way")
+        assert not (n.data / "run" / "hook").exists(), "ready already: no half-start to stop"
         assert _exits_within(n, 10) < 10
+        assert "asked to stop while starting; start-up abandoned" in n.log(), n.log()[-2000:]
     finally:
         n.stop()
 
