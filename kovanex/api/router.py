@@ -333,10 +333,14 @@ class ApiRouter:
                     code="forbidden",
                 )
             return
-        repo = call.params.get("repo") or call.body.get("repo") or call.query.get("repo")
-        repo = repo if isinstance(repo, str) else None
+        repo, where = None, None
+        for where, got in (("path", call.params), ("body", call.body), ("query", call.query)):
+            if isinstance(got.get("repo"), str):
+                repo = got["repo"]
+                break
         if not who.may(need, repo):
-            raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", code="forbidden")
+            field = f"{where}.repo" if repo is not None else None
+            raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", field, code="forbidden")
         why = scoping.whole_node(repo, need, who)
         if why is not None:
             raise ApiError(403, f"kovanex: {why}", code="forbidden")
