@@ -333,13 +333,13 @@ class ApiRouter:
                     code="forbidden",
                 )
             return
-        repo, where = None, None
-        for where, got in (("path", call.params), ("body", call.body), ("query", call.query)):
-            if isinstance(got.get("repo"), str):
-                repo = got["repo"]
-                break
+        named = [
+            (f"{part}.repo", got["repo"])
+            for part, got in (("path", call.params), ("body", call.body), ("query", call.query))
+            if isinstance(got.get("repo"), str)
+        ]
+        field, repo = named[0] if named else (None, None)
         if not who.may(need, repo):
-            field = f"{where}.repo" if repo is not None else None
             raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", field, code="forbidden")
         why = scoping.whole_node(repo, need, who)
         if why is not None:
