@@ -123,6 +123,9 @@ def test_a_bad_ownership_record_breaks_only_its_repo(tmp_path: Path) -> None:
         assert "ownership.json" in out and "alpha" not in out.split("broken", 1)[1], out
         st = json.loads(n.kx("status", "--format", "json").stdout)
         assert set(st["broken"]) == {"beta", "gamma"}
+        assert n.kx("repo", "status", "alpha").stdout.startswith(f"alpha: owner {n.name}")
+        p = n.kx("repo", "status", "beta", check=False)
+        assert p.returncode != 0 and "beta" in p.stderr and "is broken" in p.stderr, p.stderr
         # a push to the broken repo is refused with the reason, never a traceback
         c = clone_with_task(n, "beta", tmp_path / "beta", "beta-2", SPEC)
         p = git("push", "origin", "task/beta-2", cwd=c, check=False)

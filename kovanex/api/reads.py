@@ -137,6 +137,9 @@ def handlers(agent: Agent) -> dict[str, Handler]:
 
     async def replication(c: Call) -> Any:
         repo = c.params["repo"]
+        if repo in a.repos.broken:
+            raise ApiError(409, f"repo {repo} on {a.ctx.name} is broken: {a.repos.broken[repo]}; "
+                           "see `kovanex status`", "path.repo", code="broken")  # fmt: skip
         st = a.replicas.status(repo)
         if not st and repo not in a.repos.all():
             raise ApiError(404, f"no repo {repo!r} known to {a.ctx.name}", "path.repo")
