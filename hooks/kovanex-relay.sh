@@ -26,6 +26,8 @@ kx_relay() {
       # who pushed: githttp sets the committer ident to the token's name (ADR 0040)
       l=${GIT_COMMITTER_EMAIL:--} v=${GIT_COMMITTER_NAME:-}
       printf 'pusher %s %s\n' "${l//[$'\n' ]/_}" "${v//$'\n'/ }"
+      # githttp's word on the credential: only a node may write refs/kovanex/
+      printf 'via %s\n' "${KOVANEX_PUSH_VIA:-local}"
       i=0
       while [ "$i" -lt "${GIT_PUSH_OPTION_COUNT:-0}" ]; do
         v="GIT_PUSH_OPTION_$i"; printf 'opt %s\n' "${!v}"; i=$((i + 1))

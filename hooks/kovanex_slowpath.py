@@ -8,7 +8,16 @@ import os
 import sys
 
 
+def _beside() -> None:
+    """A source checkout keeps hooks/ beside kovanex/: import that copy, the one the relay
+    came with (-I leaves the repo dir, git's cwd, off sys.path; this dir is the node's)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "kovanex", "__init__.py")):
+        sys.path.insert(0, root)
+
+
 def main() -> int:
+    _beside()
     phase, data_dir = sys.argv[1], sys.argv[2]
     lines = [ln for ln in sys.stdin.read().splitlines() if ln.strip()]
     n = int(os.environ.get("GIT_PUSH_OPTION_COUNT", "0") or 0)

@@ -7,12 +7,15 @@ import sys
 
 from kovanex import config as cfgmod
 from kovanex.gitstate.ledger import TaskLedger
+from kovanex.gitstate.ownership import BadOwnership
 from kovanex.gitstate.pygit2store import Pygit2Store, http_pusher
 from kovanex.inputlimits import InputLimits
 from kovanex.pushcheck import (
+    PUSH_VIA,
     STAGING_PREFIX,
     PushOptions,
     RefUpdate,
+    broken_refusal,
     check_pre_receive,
     keep_pusher_log,
     record_push,
@@ -32,13 +35,17 @@ def run(
     options.pusher = http_pusher(
         os.environ.get("GIT_COMMITTER_NAME"), os.environ.get("GIT_COMMITTER_EMAIL")
     )
+    options.from_node = os.environ.get(PUSH_VIA) == "node"
     try:
         cfg = cfgmod.load(cfgmod.Layout(cfgmod.data_dir(data_dir)))
         node, limits, coord = cfg.name, cfg.limits, cfg.coordination
     except cfgmod.ConfigError:
         node, limits, coord = "hook", InputLimits(), None
     if phase == "pre-receive":
-        refusal = _sync_refusal(git_dir, node, updates, data_dir)
+        try:
+            refusal = _sync_refusal(git_dir, node, updates, data_dir)
+        except BadOwnership as e:
+            refusal = broken_refusal(os.path.basename(git_dir).removesuffix(".git"), str(e), node)
         if refusal:
             print(refusal, file=sys.stderr)
             return 1

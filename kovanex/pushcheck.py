@@ -25,6 +25,8 @@ SPEC_PATH = ".kovanex/task.toml"
 ACTIVE = {"placed", "running"}
 SKIP_PREFIX = refs.SKIP_PREFIX
 STAGING_PREFIX = refs.STAGING  # sync replication: the owner stages on replicas
+NODE_REFS = refs.KOVANEX  # ownership, replication, markers: written by agents only
+PUSH_VIA = refs.PUSH_VIA  # githttp sets it in the hooks' env: node | http
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ class PushOptions:
     errors: list[str] = field(default_factory=list)
     # who pushed over HTTP (a token's name), from the hook's env, never from a push option
     pusher: str | None = None
+    # the push came with the cluster secret (PUSH_VIA): a node may write refs/kovanex/
+    from_node: bool = False
 
     @classmethod
     def parse(cls, opts: list[str]) -> PushOptions:
@@ -103,6 +107,12 @@ def check_pre_receive(
     verdict = Verdict()
     for err in options.errors:
         verdict.reject(f"kovanex: {err}")
+    if not options.from_node:
+        for u in updates:
+            if u.ref.startswith(NODE_REFS):
+                verdict.reject(_node_ref_refusal(u))
+        if not verdict.ok:
+            return verdict  # nothing else is read: a forged record is never parsed
     extra = [quarantine] if quarantine else []
     store = Pygit2Store(git_dir, extra_object_dirs=extra)
     ledger = TaskLedger(store, node=node or "hook")
@@ -228,6 +238,26 @@ def _check_environments(store: Pygit2Store, u: RefUpdate, verdict: Verdict) -> N
         verdict.messages.append(
             "kovanex: fix it (schema: `kovanex schema environments`) and push again"
         )
+
+
+def broken_refusal(repo: str, why: str, node: str) -> str:
+    """A push to a repo whose ownership record is damaged: nobody can tell who may
+    write it, so nothing is accepted until an operator repairs the record."""
+    return (
+        f"kovanex: repo {repo} on {node} is broken: its ownership record cannot be read "
+        f"({why}); nothing was written. An operator restores refs/kovanex/meta (from a "
+        f"replica) or deletes it (git update-ref -d refs/kovanex/meta) and restarts the "
+        "agent; `kovanex status` names broken repos"
+    )
+
+
+def _node_ref_refusal(u: RefUpdate) -> str:
+    what = "delete" if u.new == ZERO else "create" if u.old == ZERO else "update"
+    return (
+        f"kovanex: {u.ref}: refs under {NODE_REFS} are the node's own (ownership, "
+        f"replication, markers) and only agents write them; a push may not {what} one, "
+        "so nothing was written. Push task/<id> branches, tags or main instead"
+    )
 
 
 def _env_refusal(ref: str) -> str:

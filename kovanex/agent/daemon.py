@@ -43,6 +43,7 @@ from kovanex.agent.runs import RunTable
 from kovanex.agent.scaling import ScalingService
 from kovanex.agent.scheduling import TaskLocks, TaskScheduler
 from kovanex.agent.serverplace import ServerPlacement
+from kovanex.agent.stopping import RUNS_TIMEOUT_S, STEP_TIMEOUT_S, StopWatch, bounded
 from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
@@ -114,6 +115,7 @@ class Agent:
             clock=ctx.clock,
         )
         self.repos.roles = self.replicas
+        self.replicas.rt.broken = self.repos.broken  # one record of the broken repos
         self.http.internal = self.replicas.wire  # replication's fetch/stage endpoints
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)
         self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas)
@@ -292,10 +294,45 @@ class Agent:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def run(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Start, serve until asked to stop, stop: all within 10 s of SIGTERM, even when
+        the stop comes mid-start or a service will not close (kovanex/agent/stopping.py)."""
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        watch = StopWatch(ctx.name)
+
+        def asked() -> None:
+            watch.arm()
+            ctx.stop_event.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, asked)
+        starting = asyncio.create_task(self._start(on_ready))
+        stop = asyncio.create_task(ctx.stop_event.wait())
+        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        workers: list[asyncio.Task[Any]] = []
+        failed: BaseException | None = None
+        if not starting.done():
+            log.warning("agent %s asked to stop while starting; start-up abandoned", ctx.name)
+            starting.cancel()
+            await asyncio.wait({starting}, timeout=STEP_TIMEOUT_S)
+        elif starting.exception() is not None:
+            failed = starting.exception()
+            log.error("agent %s failed to start: %r; stopping", ctx.name, failed)
+        else:
+            workers = starting.result()
+            await stop  # serving: the workers and listeners do the work from here
+        watch.arm()  # LeaveCluster and a failed start stop on time too
+        stop.cancel()
+        log.info("agent %s stopping", ctx.name)
+        await self._stop(watch, workers)
+        # still armed: the default executor's threads are joined after this returns, and
+        # one stuck in a hung child must not keep the process (the timer is a daemon)
+        if failed is not None:
+            raise failed
+
+    async def _start(self, on_ready: Callable[[], None] | None) -> list[asyncio.Task[Any]]:
         ctx, layout = self.ctx, self.ctx.layout
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, ctx.stop_event.set)
         layout.run.mkdir(parents=True, exist_ok=True)
         self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
@@ -346,21 +383,26 @@ class Agent:
         log.info("agent %s ready (hook port %d)", ctx.name, self.hooks.port)
         if on_ready:
             on_ready()
-        await ctx.stop_event.wait()
-        log.info("agent %s stopping", ctx.name)
-        await self.hooks.close()
+        return workers
+
+    async def _stop(self, watch: StopWatch, workers: list[asyncio.Task[Any]]) -> None:
+        """Close every service, each under its own timeout, in the order that lets the
+        runs stand down first and the listeners (event streams included) go last."""
+        t = STEP_TIMEOUT_S
+        await bounded(watch, "hooks", self.hooks.close(), t)
         for w in workers:
             w.cancel()
-        await self.runs.stop()
-        await self.scaling.stop()  # the runners this node's executor started
-        self.watcher.stop()
-        await self.replicas.stop()
-        await self.coord.stop()
-        await self.cluster.stop(graceful=ctx.leaving)
-        await self.http.close()
-        await self.api.stop()
-        await self.control.close()
-        layout.pid_file.unlink(missing_ok=True)
+        await bounded(watch, "runs", self.runs.stop(RUNS_TIMEOUT_S), RUNS_TIMEOUT_S + 0.5)
+        await bounded(watch, "scaling", self.scaling.stop(), t)
+        if getattr(self, "watcher", None) is not None:
+            self.watcher.stop()
+        await bounded(watch, "replication", self.replicas.stop(), t)
+        await bounded(watch, "coordination", self.coord.stop(), t)
+        await bounded(watch, "gossip", self.cluster.stop(graceful=self.ctx.leaving), t)
+        await bounded(watch, "http", self.http.close(), t)
+        await bounded(watch, "api", self.api.stop(), t)
+        await bounded(watch, "control", self.control.close(), t)
+        self.ctx.layout.pid_file.unlink(missing_ok=True)
 
 
 def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:

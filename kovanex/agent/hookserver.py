@@ -2,6 +2,7 @@
 
 Protocol, one line each: `KOVANEX-HOOK 1 <token> <phase>`, then `git_dir`,
 `quarantine`, `pusher <email> <name>` (git's committer ident in the hook's env),
+`via <node|http|local>` (how the push came: githttp's KOVANEX_PUSH_VIA),
 `opt <o>`*, `ref <old> <new> <ref>`*, `end`. The agent answers
 `msg <text>`* then `ok` or `reject`. The token keeps other local users out.
 """
@@ -27,6 +28,7 @@ class HookRequest:
     git_dir: str = ""
     quarantine: str = ""
     pusher: str | None = None  # a token's name for a push over HTTP (pushcheck.http_pusher)
+    via: str = "local"  # node | http | local: githttp's word on the credential (PUSH_VIA)
     options: list[str] = field(default_factory=list)
     refs: list[str] = field(default_factory=list)
     emit: Callable[[str], None] | None = None  # send a `msg` line now (a streamed report)
@@ -97,6 +99,8 @@ class HookServer:
             elif key == "pusher":
                 email, _, name = val.partition(" ")
                 req.pusher = http_pusher(name, email)
+            elif key == "via":
+                req.via = val.strip()
             elif key == "opt":
                 req.options.append(val)
             elif key == "ref" and val.strip():

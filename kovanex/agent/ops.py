@@ -14,6 +14,7 @@ from kovanex import nodemodules as modules
 from kovanex.agent import serverplace
 from kovanex.agent.control import ControlError
 from kovanex.agent.scaling import ApplyError
+from kovanex.net.httpauth import NODE, Principal, authenticate
 
 if TYPE_CHECKING:
     from kovanex.agent.daemon import Agent
@@ -37,6 +38,7 @@ class ControlOps:
                 "isolation": a.runs.isolation,
                 "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
+                "broken": dict(sorted(a.repos.broken.items())),  # repo -> why
                 "hook_port": a.hooks.port,
                 "gossip": a.cluster.security(),
                 # what idle cost follows: tasks in flight, live assignments (ADR 0030/0031)
@@ -152,6 +154,9 @@ class ControlOps:
     ) -> tuple[int, dict[str, str], bytes] | None:
         """Node-internal paths on the HTTP listener; /v1, /healthz and /metrics are kovanex/api's."""
         if method == "POST" and path.startswith("/v1/nudge/"):
+            who = authenticate(headers.get("authorization", ""), self.a.ctx.token, None)
+            if not isinstance(who, Principal) or who.scope != NODE:  # node-sync: never a user
+                return 403, {"Content-Type": "text/plain"}, b"the cluster secret is required\n"
             repo = path[len("/v1/nudge/") :]
             hit = self.a.replicas.nudged(repo)
             return (204 if hit else 404), {}, b""

@@ -22,7 +22,7 @@ from kovanex.agent.replica_runtime import Peers, Runtime, parse_owner
 from kovanex.core import takeover as decider
 from kovanex.core.replication import LEVELS, Ownership
 from kovanex.gitstate import gitcli
-from kovanex.gitstate.ownership import OwnershipConflict
+from kovanex.gitstate.ownership import BadOwnership, OwnershipConflict
 from kovanex.gitstate.refs import SYNC_STAGING
 from kovanex.gitstate.store import StaleEpoch
 from kovanex.net.gossip import MemberInfo
@@ -88,7 +88,10 @@ class OwnershipService:
         returns what gossip had announced before we subscribed."""
         announced = self.peers.gossip_owners()
         for repo in self.rt.local_repos():
-            own = await self.rt.thread(self.rt.read_ownership, repo)
+            try:
+                own = await self.rt.thread(self.rt.read_ownership, repo)
+            except BadOwnership:
+                continue  # named in `kovanex status`; the other repos go on
             ann = announced.get(repo)
             if own is None:
                 if ann is not None and ann.owner != self.rt.node:

@@ -301,7 +301,8 @@ class Promotions:
                 ]
 
     # -- requests ---------------------------------------------------------------------
-    def repo_of(self, args: dict[str, Any]) -> str:
+    def repo_of(self, args: dict[str, Any], seen: Callable[[str], bool] = lambda r: True) -> str:
+        """The repo named, or the one repo here (that `seen` shows) declaring environments."""
         if args.get("repo"):
             repo = str(args["repo"])
             if repo not in self.repos.all():
@@ -313,7 +314,11 @@ class Promotions:
                     f"{self.ctx.name} only mirrors {repo}; run this on its owner", "owner_moved"
                 )
             return repo
-        have = [r for r in self.repos.owned() if self.gather(r) is not None or self.errors.get(r)]
+        have = [
+            r
+            for r in self.repos.owned()
+            if seen(r) and (self.gather(r) is not None or self.errors.get(r))
+        ]
         if len(have) == 1:
             return have[0]
         if not have:

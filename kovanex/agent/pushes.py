@@ -18,6 +18,7 @@ from kovanex.pushcheck import (
     ZERO,
     PushOptions,
     RefUpdate,
+    broken_refusal,
     check_pre_receive,
     keep_pusher_log,
 )
@@ -53,6 +54,7 @@ class PushHandler:
         updates = [RefUpdate.parse(r) for r in req.refs]
         options = PushOptions.parse(req.options)
         options.pusher = req.pusher
+        options.from_node = req.via == "node"
         repo = Path(req.git_dir).name.removesuffix(".git")
         if req.phase == "pre-receive":
             return await self._pre_receive(req, repo, updates, options)
@@ -66,6 +68,8 @@ class PushHandler:
     async def _pre_receive(
         self, req: HookRequest, repo: str, updates: list[RefUpdate], options: PushOptions
     ) -> tuple[bool, list[str]]:
+        if repo in self.repos.broken and not options.from_node:
+            return False, [broken_refusal(repo, self.repos.broken[repo], self.ctx.name)]
         owner = self.replicas.is_owner(repo)
         verdict = check_pre_receive(
             req.git_dir,

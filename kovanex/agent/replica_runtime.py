@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from kovanex.clock import Clock
 from kovanex.core.replication import Ownership
 from kovanex.core.takeover import Member, NodeState
-from kovanex.gitstate.ownership import read_ownership, write_ownership
+from kovanex.gitstate.ownership import BadOwnership, read_ownership, write_ownership
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.net.gossip import GossipNode
 
@@ -42,14 +42,19 @@ class Runtime:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.inflight = 0
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
+        # repo -> why its ownership record cannot be read: left alone until repaired
+        # (shared with the RepoIndex, so nothing else of the agent touches it either)
+        self.broken: dict[str, str] = {}
 
     def path(self, repo: str) -> Path:
         return self.repos_dir / f"{repo}.git"
 
     def local_repos(self) -> list[str]:
+        """The repos on disk, but for the broken ones (see `read_ownership`)."""
         if not self.repos_dir.exists():
             return []
-        return sorted(p.name[:-4] for p in self.repos_dir.glob("*.git") if p.is_dir())
+        names = (p.name[:-4] for p in self.repos_dir.glob("*.git") if p.is_dir())
+        return sorted(n for n in names if n not in self.broken)
 
     def is_owner(self, repo: str) -> bool:
         o = self.known.get(repo)
@@ -89,7 +94,17 @@ class Runtime:
         self.errors.append(msg)
 
     def read_ownership(self, repo: str) -> Ownership | None:
-        return read_ownership(Pygit2Store(str(self.path(repo))))
+        """The record; a damaged one marks the repo broken (named by `kovanex status`)
+        and raises BadOwnership, so a forged or corrupt record stops that repo only."""
+        try:
+            own = read_ownership(Pygit2Store(str(self.path(repo))))
+        except BadOwnership as e:
+            if repo not in self.broken:
+                log.error("repo %s is broken and left alone until repaired: %s", repo, e)
+            self.broken[repo] = str(e)
+            raise
+        self.broken.pop(repo, None)
+        return own
 
     def write_ownership(
         self, repo: str, new: Ownership, expected: Ownership | None, term: int | None = None

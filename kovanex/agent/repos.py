@@ -31,6 +31,9 @@ class RepoIndex:
         self.roles: Roles | None = None  # set once replication runs; until then we own all
         self._repos: list[str] | None = None
         self._ledgers: dict[str, TaskLedger] = {}
+        # repo -> why it cannot be served (a damaged ownership record): the replica
+        # runtime fills it (the same dict), and no service sees such a repo in all()
+        self.broken: dict[str, str] = {}
 
     def path(self, repo: str) -> Path:
         return self.layout.repo(repo)
@@ -38,7 +41,7 @@ class RepoIndex:
     def all(self) -> list[str]:
         if self._repos is None:
             self.refresh()
-        return list(self._repos or [])
+        return [r for r in self._repos or [] if r not in self.broken]
 
     def refresh(self) -> list[str]:
         d = self.layout.repos

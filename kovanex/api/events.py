@@ -112,10 +112,15 @@ class EventHub:
         return self.index
 
     async def stream(
-        self, since: int, topics: Iterable[str] | None, gap: dict[str, Any] | None = None
+        self,
+        since: int,
+        topics: Iterable[str] | None,
+        gap: dict[str, Any] | None = None,
+        allow: Callable[[dict[str, Any]], bool] | None = None,
     ) -> AsyncIterator[bytes]:
         """SSE frames: `id` is `<boot>-<index>` (a reconnect sends it back as Last-Event-ID).
-        A consumer that falls so far behind that the buffer wrapped gets a `gap` event."""
+        A consumer that falls so far behind that the buffer wrapped gets a `gap` event.
+        `allow` drops the events a token limited to some repos may not see."""
         want = set(topics) if topics else None
         yield b"retry: 1000\n: connected\n\n"
         last = since
@@ -131,7 +136,9 @@ class EventHub:
             batch = self.since(last, want)
             if batch:
                 last = batch[-1]["index"]
-                yield b"".join(self.sse(e) for e in batch)
+                shown = [e for e in batch if allow is None or allow(e)]
+                if shown:
+                    yield b"".join(self.sse(e) for e in shown)
                 continue
             last = max(last, self.index)
             try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kovanex.agent.control import ControlError
 from kovanex.agent.promotions import PromotionRefused
+from kovanex.api import scoping
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.net.httpauth import NODE
 
@@ -63,7 +64,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         """The repo this call is about, and the caller may `need` in it."""
         repo = c.query.get("repo") if c.op.method == "GET" else c.body.get("repo")
         try:
-            repo = a.promotions.repo_of({"repo": repo})
+            repo = a.promotions.repo_of({"repo": repo}, scoping.sees(c.who))
         except ControlError as e:
             raise refused(c, e) from e
         if not c.who.may(need, repo):

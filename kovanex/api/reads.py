@@ -9,9 +9,11 @@ reuses the service or the control-socket op that already owns the answer.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kovanex.agent.control import ControlError
+from kovanex.api import scoping
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core.graph import ClusterGraph
 from kovanex.gitstate.refs import task_ref, valid_task_id
@@ -63,9 +65,14 @@ def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
     return d
 
 
-def list_tasks(agent: Agent, repo: str | None, state: str | None) -> list[dict[str, Any]]:
+def list_tasks(
+    agent: Agent, repo: str | None, state: str | None, seen: Callable[[str], bool] = lambda r: True
+) -> list[dict[str, Any]]:
+    """Every task (of `repo`), in the repos the caller may read (`seen`)."""
     rows = []
     for r in [repo] if repo else agent.repos.all():
+        if not seen(r):
+            continue
         if r not in agent.repos.all():
             raise ApiError(404, f"no repo {r!r} on {agent.ctx.name}", "query.repo")
         led = agent.repos.ledger(r)
@@ -130,13 +137,19 @@ def handlers(agent: Agent) -> dict[str, Handler]:
 
     async def replication(c: Call) -> Any:
         repo = c.params["repo"]
+        if repo in a.repos.broken:
+            raise ApiError(409, f"repo {repo} on {a.ctx.name} is broken: {a.repos.broken[repo]}; "
+                           "see `kovanex status`", "path.repo", code="broken")  # fmt: skip
         st = a.replicas.status(repo)
         if not st and repo not in a.repos.all():
             raise ApiError(404, f"no repo {repo!r} known to {a.ctx.name}", "path.repo")
         return {"repo": repo, "owner": st.get("owner"), "level": st.get("level", "none"), **st}
 
     async def list_tasks_h(c: Call) -> Any:
-        rows = await asyncio.to_thread(list_tasks, a, c.query.get("repo"), c.query.get("state"))
+        q = c.query
+        rows = await asyncio.to_thread(
+            list_tasks, a, q.get("repo"), q.get("state"), scoping.sees(c.who)
+        )
         return {"tasks": rows, "index": a.api.hub.index}
 
     async def get_task_h(c: Call) -> Any:

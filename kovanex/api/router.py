@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from kovanex.api import spec
+from kovanex.api import scoping, spec
 from kovanex.api.events import TOPICS, EventHub
 from kovanex.net.http11 import HttpRequest, HttpResponse, error_body
 from kovanex.net.httpauth import NODE, Principal, authenticate
@@ -198,7 +198,7 @@ class ApiRouter:
         handler = self.handlers.get(route.op.op_id)
         if handler is None:
             raise ApiError(503, f"{route.op.op_id} is not served by this agent", code="unavailable")
-        doc = await handler(call)
+        doc = scoping.cut(route.op.op_id, await handler(call), call.who)
         if route.response is not None:
             errs = sorted(route.response.iter_errors(doc), key=lambda e: list(e.absolute_path))
             if errs:
@@ -207,7 +207,7 @@ class ApiRouter:
         return json_response(route.op.status, doc, self.hub.index)
 
     def _events(self, req: HttpRequest) -> HttpResponse:
-        self._auth(req, cookie=True)
+        who = self._auth(req, cookie=True)
         q = parse_qs(req.query)
         topics = [t for t in ",".join(q.get("topic", [])).split(",") if t]
         bad = [t for t in topics if t not in TOPICS]
@@ -235,7 +235,9 @@ class ApiRouter:
             "X-Kovanex-Index": str(self.hub.index),
             "X-Kovanex-Boot": self.hub.boot,
         }
-        return HttpResponse(200, headers, self.hub.stream(since, topics or None, gap))
+        seen = scoping.sees(who)
+        allow = (lambda ev: scoping.item_seen(ev, seen)) if scoping.limited(who) else None
+        return HttpResponse(200, headers, self.hub.stream(since, topics or None, gap, allow))
 
     # -- steps -------------------------------------------------------------------------------
     def _route(self, req: HttpRequest) -> tuple[Route, dict[str, str]]:
@@ -340,9 +342,17 @@ class ApiRouter:
                     code="forbidden",
                 )
             return
-        repo = call.params.get("repo") or call.body.get("repo")
-        if not who.may(need, repo if isinstance(repo, str) else None):
-            raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", code="forbidden")
+        named = [
+            (f"{part}.repo", got["repo"])
+            for part, got in (("path", call.params), ("body", call.body), ("query", call.query))
+            if isinstance(got.get("repo"), str)
+        ]
+        field, repo = named[0] if named else (None, None)
+        if not who.may(need, repo):
+            raise ApiError(403, f"kovanex: {who.why_not(need, repo)}", field, code="forbidden")
+        why = scoping.whole_node(repo, need, who)
+        if why is not None:
+            raise ApiError(403, f"kovanex: {why}", code="forbidden")
 
 
 def _only(req: HttpRequest, *methods: str) -> None:

@@ -192,7 +192,7 @@ OPS: tuple[Op, ...] = (
                  "key": {"type": "string", "pattern": NAME}, "value": ANY_OBJ},
                 ("topic", "key", "value"), extra=False),
        response=obj({"published": B}, ("published",))),
-    Op("SyncState", "GET", "/v1/gossip/state", "read",
+    Op("SyncState", "GET", "/v1/gossip/state", "node",
        "This node's whole gossip view: members and application topics", "gossip",
        response=obj({"node": S, "members": arr(ref("Node")), "topics": ANY_OBJ,
                      "stats": ANY_OBJ}, ("node", "members", "topics")), blocking=True),

@@ -335,6 +335,8 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         print(f"running  {r}")
     for r in st["pending"]:
         print(f"pending  {r}")
+    for repo, why in (st.get("broken") or {}).items():
+        print(f"broken   {repo}: {why}")
     return 0
 
 

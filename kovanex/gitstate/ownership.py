@@ -22,6 +22,11 @@ from kovanex.gitstate.trailers import build_message, trailer_dict
 OWNERSHIP_FILE = "ownership.json"
 
 
+class BadOwnership(ValueError):
+    """`refs/kovanex/meta` holds no readable record (a forged push, a disk corruption):
+    that repo cannot be served until it is repaired; no other repo is touched."""
+
+
 class StaleOwnerEpoch(StaleEpoch):
     """A write under an ownership epoch that does not supersede the current one."""
 
@@ -103,10 +108,16 @@ def _read(store: RefStore) -> tuple[str | None, Ownership | None]:
     oid = store.get_ref(META_REF)
     if oid is None:
         return None, None
-    data = store.read_file(oid, OWNERSHIP_FILE)
+    try:
+        data = store.read_file(oid, OWNERSHIP_FILE)
+    except Exception as e:  # noqa: BLE001 - not a commit, a missing object: damaged alike
+        raise BadOwnership(f"{META_REF} at {oid[:12]} cannot be read: {e}") from e
     if data is None:
-        raise ValueError(f"{META_REF} at {oid} has no {OWNERSHIP_FILE}")
-    return oid, from_json(data)
+        raise BadOwnership(f"{META_REF} at {oid[:12]} has no {OWNERSHIP_FILE}")
+    try:
+        return oid, from_json(data)
+    except (ValueError, RecursionError) as e:  # json's errors are ValueErrors too
+        raise BadOwnership(f"{META_REF} at {oid[:12]}: {OWNERSHIP_FILE}: {e}") from e
 
 
 def read_ownership(store: RefStore) -> Ownership | None:

@@ -33,6 +33,9 @@ REFS = "refs/"
 HEADS = "refs/heads/"
 TASK_PREFIX = "refs/heads/task/"
 KOVANEX = "refs/kovanex/"
+# githttp sets it in the hooks' env from the credential alone (node | http): refs under
+# KOVANEX take pushes from nodes only (kovanex/pushcheck.py, ADR 0063)
+PUSH_VIA = "KOVANEX_PUSH_VIA"
 STAGING = "refs/kovanex/staging/"
 STAGING_REFS = STAGING + "refs/"
 SYNC_STAGING = STAGING + "sync/"

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 
 import h11
 
-from kovanex.gitstate.refs import HIDDEN
+from kovanex.gitstate.refs import HIDDEN, PUSH_VIA
 from kovanex.net.http11 import (
     IO_CHUNK,
     Exchange,
@@ -61,6 +61,7 @@ _DROP_ENV = (
     "GIT_OBJECT_DIRECTORY",
     "GIT_NAMESPACE",
     "GIT_PROTOCOL",  # only the client's Git-Protocol header may choose the protocol
+    PUSH_VIA,  # set below from the credential alone: a node's push may write refs/kovanex/
 )
 _TEXT = {"Content-Type": "text/plain"}
 _UNAUTHORIZED = HttpResponse(
@@ -300,6 +301,9 @@ class GitHttpServer:
             GIT_COMMITTER_EMAIL=f"{user}@http.{addr or 'local'}",
             SCRIPT_NAME="/git",
         )
+        # the hooks' only way to tell a node's push from a person's (not an HTTP_ header,
+        # so no client can send it): node refs (refs/kovanex/) take pushes from nodes only
+        env[PUSH_VIA] = "node" if unhide else "http"
         for k, v in req.headers.items():
             if k in ("authorization", "proxy-authorization"):
                 continue
