@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench bench-peers wheel clean browser
+.PHONY: demo test lint fmt bench bench-peers wheel clean browser nftables
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,7 +27,19 @@ browser:
 	  echo "could not install chromium: the browser tests will skip"; \
 	else echo "no chromium and not root with apt: the browser tests will skip"; fi
 
-test: $(STAMP) browser
+# A unit's network policy (ADR 0076) is nftables rules on its uid; the tests in
+# tests/test_network_policy.py need `nft`. Installed like the browser: root with apt, else
+# those tests skip and say why (and the agent says the policy is NOT enforced).
+nftables:
+	@if [ -x /usr/sbin/nft ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing nftables for the unit network policy"; \
+	  (apt-get install -y -q nftables >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nftables >/dev/null 2>&1)) || \
+	  echo "could not install nftables: the network policy tests will skip"; \
+	else echo "no nft and not root with apt: the network policy tests will skip"; fi
+
+test: $(STAMP) browser nftables
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
 	$(BIN)/python -m pytest -q -x --durations=15

@@ -34,6 +34,7 @@ class ControlOps:
                 "uptime_s": round(a.ctx.clock.time() - a.started, 1),
                 "runners": {"total": a.runs.slots.total, "used": a.runs.slots.used},
                 "isolation": a.runs.isolation,
+                "network": a.network.line,
                 "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],
                 "hook_port": a.hooks.port,

@@ -313,6 +313,8 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     print(f"runners {st['runners']['used']}/{st['runners']['total']} used")
     if "isolation" in st:
         print(f"isolation {st['isolation']}")
+    if "network" in st:
+        print(f"network {st['network']}")
     g = st.get("gossip") or {}
     if g:
         if g.get("gossip_encrypted"):
