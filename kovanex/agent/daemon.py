@@ -296,7 +296,7 @@ class Agent:
         if co.backend == "nats":
             tcp += [("nats client", co.client_port), ("nats route", co.cluster_port)]
             tcp += [("nats monitor", co.monitor_port)]
-        if self.hooks.port:
+        if self.hooks.port:  # bound before the rules are applied (HookServer.bind)
             tcp.append(("hook", self.hooks.port))
         gossip = self.cluster.node.addr[1]  # 0 until gossip has started
         if gossip:
@@ -329,7 +329,8 @@ class Agent:
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
         await self.cluster.start()
-        await self._enforce_network()  # before any step can run: the ports known so far
+        self.hooks.bind()  # its port, served later, is closed to units with the rest
+        await self._enforce_network()  # before any step can run
         self.api.start()  # its scale poller reads gossip: only once gossip has started
         await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
@@ -341,7 +342,6 @@ class Agent:
         await self.scheduler.reconcile_all()
         release_memory()  # one pass over every task's tip: do not carry its peak
         await self.hooks.start()
-        await self._enforce_network()  # again, now with the hook port
         layout.pid_file.write_text(f"{os.getpid()}\n")
         workers = [
             asyncio.create_task(self.sweeper.run()),
