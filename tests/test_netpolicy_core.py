@@ -80,5 +80,6 @@ def test_an_agent_whose_steps_run_as_itself_says_the_policy_is_not_enforced(
         out = node.kx("status").stdout
         assert "network NOT enforced: units can reach the node's ports" in out, out
         assert "egress all NOT enforced" in out, out
+        assert "network: NOT enforced" in node.log()  # the agent log warns too
     finally:
         node.stop()

@@ -91,13 +91,16 @@ class NetPolicy:
 
 
 def for_node(key: str, uids: list[int], egress: core.Egress, isolation: str) -> NetPolicy:
-    """The node's policy; says at once why it cannot be enforced when the units leave
-    no uid of their own to match (steps run as the agent's user)."""
-    why = ""
-    if not uids:
-        why = (
-            "steps run as the agent's own user, so no rule can tell them apart"
-            if not isolation.startswith("no runner slots")
-            else "this node runs no steps"
-        )
-    return NetPolicy(key, uids, egress, why)
+    """The node's policy; says at once, loudly, why it cannot be enforced when the units
+    leave no uid of their own to match (steps run as the agent's user)."""
+    if isolation.startswith("no runner slots"):
+        policy = NetPolicy(key, [], egress, "this node runs no steps")
+        policy.line = "no runner slots: this node runs no steps"
+        return policy
+    if uids:
+        return NetPolicy(key, uids, egress)
+    policy = NetPolicy(
+        key, [], egress, "steps run as the agent's own user; no rule can tell them apart"
+    )
+    _log.warning("network: %s", policy.line)
+    return policy
