@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench bench-peers wheel clean browser promtool
+.PHONY: demo test lint fmt bench bench-peers wheel clean browser promtool nftables
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,7 +38,19 @@ promtool:
 	  echo "could not install prometheus: the promtool tests will skip"; \
 	else echo "no promtool and not root with apt: the promtool tests will skip"; fi
 
-test: $(STAMP) browser promtool
+# A unit's network policy (ADR 0076) is nftables rules on its uid; the tests in
+# tests/test_network_policy.py need `nft`. Installed like the browser: root with apt, else
+# those tests skip and say why (and the agent says the policy is NOT enforced).
+nftables:
+	@if [ -x /usr/sbin/nft ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing nftables for the unit network policy"; \
+	  (apt-get install -y -q nftables >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nftables >/dev/null 2>&1)) || \
+	  echo "could not install nftables: the network policy tests will skip"; \
+	else echo "no nft and not root with apt: the network policy tests will skip"; fi
+
+test: $(STAMP) browser promtool nftables
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
 	$(BIN)/python -m pytest -q -x --durations=15

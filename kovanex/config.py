@@ -155,6 +155,9 @@ class NodeConfig:
     units_pids_max: int = 512
     units_memory_mb: int = 0
     units_snapshot_mb: int = 50
+    # what a unit may connect to (issue 22 part 4, ADR 0076): "all", "none" or a list of
+    # allowed addresses; the node's own service ports are closed to units whatever it says
+    units_egress: str | list[str] = "all"
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(
@@ -205,6 +208,7 @@ class NodeConfig:
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
         lines += [f"pids_max = {self.units_pids_max}", f"snapshot_mb = {self.units_snapshot_mb}"]
         lines += [f"memory_mb = {self.units_memory_mb}  # 0: the node's memory / runner_slots"]
+        lines += [f"egress = {_scalar(self.units_egress)}  # all | none | list: see ADR 0076"]
         if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
             lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
             lines += [f"every = {_q(self.maintenance_every)}"]
@@ -256,6 +260,7 @@ class NodeConfig:
             units_pids_max=_count(doc.get("units", {}), "pids_max", 512, path),
             units_memory_mb=_count(doc.get("units", {}), "memory_mb", 0, path),
             units_snapshot_mb=_count(doc.get("units", {}), "snapshot_mb", 50, path),
+            units_egress=_egress(doc.get("units", {}), path),
             limits=_limits(doc.get("limits", {}), path),
             scaling=_scaling(doc.get("scaling", {}), path),
             log_format=str(doc.get("log", {}).get("format", "text")),
@@ -304,6 +309,20 @@ def _count(table: Any, key: str, default: int, path: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{path}: [units] {key} must be a whole number >= 0, got {value!r}")
     return value
+
+
+def _egress(table: Any, path: str) -> str | list[str]:
+    """[units] egress, checked now so a bad entry stops `load` with its name and index."""
+    value = table.get("egress", "all")
+    if value == "all":
+        return value
+    from kovanex.core.netpolicy import parse_egress
+
+    try:
+        egress = parse_egress(value, f"{path}: [units] egress")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return egress.kind if egress.kind != "list" else [a.text() for a in egress.allow]
 
 
 def _coordination(table: Any, path: str) -> CoordinationConfig:

@@ -35,6 +35,7 @@ PURE = frozenset(
         "functools",
         "hashlib",
         "heapq",
+        "ipaddress",
         "itertools",
         "json",
         "math",

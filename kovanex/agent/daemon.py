@@ -49,9 +49,11 @@ from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.service import ApiService
 from kovanex.core.effects import Assign
+from kovanex.core.netpolicy import NodePorts, parse_egress
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer
 from kovanex.paths import install_hooks
+from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
 from kovanex.ui.routes import UiRouter
@@ -68,6 +70,12 @@ class Agent:
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
         self.runs = RunTable(ctx)
+        self.network = netpolicy.for_node(  # closes the node's own ports to its units
+            units.unit_key(cfg),
+            [u.uid for u in self.runs.units],
+            parse_egress(cfg.units_egress),
+            self.runs.isolation,
+        )
         self.locks = TaskLocks()
         self.placer = Placer(
             lambda: [
@@ -292,6 +300,22 @@ class Agent:
 
         asyncio.get_running_loop().create_task(adopt())
 
+    def node_ports(self) -> NodePorts:
+        """The listeners of this node that its units must not reach (ADR 0076)."""
+        co = self.ctx.cfg.coordination
+        tcp = []
+        if co.backend == "nats":
+            tcp += [("nats client", co.client_port), ("nats route", co.cluster_port)]
+        if self.hooks.port:  # bound before the rules are applied (HookServer.bind)
+            tcp.append(("hook", self.hooks.port))
+        gossip = self.cluster.node.addr[1]  # 0 until gossip has started
+        if gossip:
+            tcp.append(("gossip", gossip))
+        return NodePorts(tuple(tcp), (("gossip", gossip),) if gossip else (), self.http.port)
+
+    async def _enforce_network(self) -> None:
+        await asyncio.to_thread(self.network.apply, self.node_ports())
+
     # -- lifecycle ---------------------------------------------------------------------
     async def run(self, on_ready: Callable[[], None] | None = None) -> None:
         """Start, serve until asked to stop, stop: all within 10 s of SIGTERM, even when
@@ -350,6 +374,8 @@ class Agent:
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
         await self.cluster.start()
+        self.hooks.bind()  # its port, served later, is closed to units with the rest
+        await self._enforce_network()  # before any step can run
         self.api.start()  # its scale poller reads gossip: only once gossip has started
         await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
@@ -393,6 +419,7 @@ class Agent:
         for w in workers:
             w.cancel()
         await bounded(watch, "runs", self.runs.stop(RUNS_TIMEOUT_S), RUNS_TIMEOUT_S + 0.5)
+        await bounded(watch, "network", asyncio.to_thread(self.network.remove), t)
         await bounded(watch, "scaling", self.scaling.stop(), t)
         if getattr(self, "watcher", None) is not None:
             self.watcher.stop()

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +45,20 @@ class HookServer:
         self.token = secrets.token_hex(16)
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> int:
+        """Take the port now and serve it later (`start`): the units' network policy must
+        close it before any step can run, and steps may resume before hooks are served."""
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._sock.bind(("127.0.0.1", 0))
+            self.port = self._sock.getsockname()[1]
+        return self.port
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
+        self.bind()
+        self.server = await asyncio.start_server(self._serve, sock=self._sock)
         self.endpoint_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.endpoint_file.with_suffix(".tmp")
         tmp.write_text(f"{self.port} {self.token}\n")

@@ -167,7 +167,12 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         }
 
     async def list_units(c: Call) -> Any:
-        return {"mode": a.ctx.cfg.units_mode, "isolation": a.runs.isolation, "units": unit_rows(a)}
+        return {
+            "mode": a.ctx.cfg.units_mode,
+            "isolation": a.runs.isolation,
+            "network": a.network.line,
+            "units": unit_rows(a),
+        }
 
     async def inspect_unit(c: Call) -> Any:
         u = unit(a, c.params["index"])

@@ -296,7 +296,8 @@ OPS: tuple[Op, ...] = (
        response=obj({"published": I0}, ("published",))),
     # -- compute units -------------------------------------------------------------------
     Op("ListUnits", "GET", "/v1/units", "read", "This node's compute units and their tasks",
-       "units", response=obj({"mode": S, "isolation": S, "units": arr(ref("Unit"))},
+       "units", response=obj({"mode": S, "isolation": S, "network": S,
+                              "units": arr(ref("Unit"))},
                              ("units",))),
     Op("InspectUnit", "GET", "/v1/units/{index}", "read",
        "One unit: user, cgroups, path, limits, task, processes", "units",
@@ -317,7 +318,7 @@ OPS: tuple[Op, ...] = (
        "This agent: node, pid, uptime, runners, runs, gossip security, coordination "
        "(answers before a NATS quorum and says it is waiting)", "agent",
        response=obj({"node": S, "pid": I0, "uptime_s": NUM, "runners": ANY_OBJ,
-                     "running": arr(S), "pending": arr(S), "coordination": ANY_OBJ},
+                     "network": S, "running": arr(S), "pending": arr(S), "coordination": ANY_OBJ},
                     ("node", "pid", "runners", "running", "pending"))),
     Op("ReloadAgent", "POST", "/v1/agent/reload", "admin",
        "Re-read kovanex.toml (modules, labels) and gossip the change", "agent",

@@ -316,6 +316,8 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         print(f"cordoned: no new task is placed here (`kovanex node uncordon {st['node']}`)")
     if "isolation" in st:
         print(f"isolation {st['isolation']}")
+    if "network" in st:
+        print(f"network {st['network']}")
     g = st.get("gossip") or {}
     if g:
         if g.get("gossip_encrypted"):

@@ -23,8 +23,11 @@ def cmd_units(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     except unitsmod.UnitError as e:
         raise CliError(str(e)) from e
     busy: dict[int, str] = {}
+    network = "unknown: the agent is not running"  # the agent puts the rules in place
     try:  # the current task is only known to a running agent
-        busy = {u["index"]: u["task"] for u in api_call(layout, "ListUnits")["units"]}
+        listed = api_call(layout, "ListUnits")
+        busy = {u["index"]: u["task"] for u in listed["units"]}
+        network = listed.get("network", network)
     except CliError:
         pass
     rows = [
@@ -40,11 +43,12 @@ def cmd_units(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         for u in units
     ]
     if args.format == "json":
-        emit_json({"mode": cfg.units_mode, "units": rows})
+        emit_json({"mode": cfg.units_mode, "network": network, "units": rows})
         return 0
     if not rows:
         print(f"no compute units (mode {cfg.units_mode}): {unitsmod.isolation(unitsmod.NONE)}")
         return 0
     keys = ["unit", "user", "uid", "cgroup", "path", "limits", "task"]
     print(table([[r[k] for k in keys] for r in rows], keys))
+    print(f"network {network}")
     return 0
