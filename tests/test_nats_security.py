@@ -268,7 +268,7 @@ PROBE = """#!/bin/bash
 # what a step tries: read the servers' configs, then CONNECT {{}} on their client ports
 for c in {confs}; do cat "$c" >> {x}/conf.out 2>&1 || echo "unreadable $c" >> {x}/conf.out; done
 for p in {ports}; do
-  exec 3<>/dev/tcp/127.0.0.1/$p || continue
+  exec 3<>/dev/tcp/127.0.0.1/$p || {{ echo "closed $p" >> {x}/nats.out; continue; }}
   printf 'CONNECT {{}}\\r\\nPING\\r\\n' >&3
   timeout 5 cat <&3 >> {x}/nats.out
   exec 3<&-
@@ -288,7 +288,10 @@ def test_a_step_can_neither_read_the_logins_nor_connect(
     git("push", "-q", "origin", "task/p-1", cwd=clone)
     wait_for(lambda: (x / "done").exists(), 120, "the probe step to finish")
     seen = (x / "nats.out").read_text(errors="replace")
-    assert seen.count(VIOLATION) == len(cluster) and "PONG" not in seen, seen
+    # each port refuses the login; the step's own node's port may not even connect, where
+    # the unit network policy (ADR 0076) closes it
+    assert seen.count(VIOLATION) + seen.count("closed ") == len(cluster), seen
+    assert "PONG" not in seen and seen.count(VIOLATION) >= 1, seen
     conf = (x / "conf.out").read_text(errors="replace")
     assert conf.count("unreadable") == len(cluster), conf
     for n in cluster:
