@@ -35,6 +35,7 @@ DEFAULT_WAIT_S = 60.0
 MAX_WAIT_S = 300.0
 INTERNAL = ("/v1/nudge/", "/v1/internal/")  # node-internal calls: githttp's legacy api
 JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"  # curl -d's default type
 _URN = "urn:kovanex:openapi"
 
 
@@ -257,7 +258,8 @@ class ApiRouter:
         for r, m in found:
             if r.op.method == req.method or (req.method == "HEAD" and r.op.method == "GET"):
                 return r, m.groupdict()
-        _refuse_method(req, *(r.op.method for r, _ in found))
+        methods = {r.op.method for r, _ in found}
+        _refuse_method(req, *methods, *(("HEAD",) if "GET" in methods else ()))
 
     def _auth(self, req: HttpRequest, *, cookie: bool) -> Principal:
         header = req.headers.get("authorization", "")
@@ -313,12 +315,18 @@ class ApiRouter:
         body: Any = {}
         if req.body.strip():
             ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
-            if ctype not in (JSON, "") and not ctype.endswith("+json"):
+            # curl -d sends its JSON as application/x-www-form-urlencoded: take it when it
+            # parses as JSON (a real form never does), as Nomad does
+            lenient = ctype == FORM
+            if ctype not in (JSON, "", FORM) and not ctype.endswith("+json"):
                 raise ApiError(415, f"send the body as {JSON}, not {ctype}", "body",
                                code="unsupported_media_type")  # fmt: skip
             try:
                 body = json.loads(req.body)
             except (ValueError, UnicodeDecodeError) as e:
+                if lenient:
+                    raise ApiError(415, f"send the body as {JSON} (this {FORM} body is not "
+                                   "JSON)", "body", code="unsupported_media_type") from e  # fmt: skip
                 raise ApiError(400, f"the body is not JSON: {e}", "body") from e
         assert route.body is not None
         errs = sorted(route.body.iter_errors(body), key=lambda e: list(e.absolute_path))
@@ -347,8 +355,8 @@ def _only(req: HttpRequest, *methods: str) -> None:
 
 
 def _refuse_method(req: HttpRequest, *methods: str) -> NoReturn:
-    """A 405 with the Allow header RFC 9110 asks for (HEAD wherever GET is served)."""
-    allow = sorted(set(methods) | ({"HEAD"} if "GET" in methods else set()))
+    """A 405 with the Allow header RFC 9110 asks for: the methods the path serves."""
+    allow = sorted(set(methods))
     raise ApiError(
         405,
         f"{req.method} is not allowed on {req.path}; use {', '.join(allow)}",
