@@ -310,7 +310,8 @@ OPS: tuple[Op, ...] = (
        "Create the users, paths and cgroups of the node's units (as root)", "units",
        response=obj({"units": arr(ref("Unit"))}, ("units",))),
     Op("DeprovisionUnits", "POST", "/v1/units/deprovision", "admin",
-       "Remove the units' paths and cgroups; refused while a unit runs a step", "units",
+       "Remove the units' paths and cgroups; refused unless the node is cordoned and "
+       "idle", "units",
        body=obj({"delete_users": B}, extra=False),
        response=obj({"removed": I0}, ("removed",))),
     Op("DrainUnit", "POST", "/v1/units/{index}/drain", "admin",
