@@ -101,7 +101,7 @@ def test_metrics_healthz_and_scale_routes_over_http(tmp_path: Path) -> None:
         assert d["recommendation"]["action"] == "none" and d["rules"][0]["name"] == "seed"
         status, body = get(url + "/v1/scale/apply", token, b'{"desired": 99}')
         err = json.loads(body)
-        assert status == 400 and err["field"] == "body.desired" and "max_runners" in err["message"]
+        assert status == 409 and err["field"] == "body.desired" and "max_runners" in err["message"]
         status, body = get(url + "/v1/scale/apply", token, b"not json")
         assert status == 400 and json.loads(body)["code"] == "bad_request"
         status, body = get(url + "/v1/scale/decision", token, b"{}")

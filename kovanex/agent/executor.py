@@ -168,7 +168,7 @@ class TaskRun:
                 view, [taskcore.start(view, self.lease.node, self.lease.epoch)]
             )
         repo_path = self.repo_path
-        await asyncio.to_thread(self._prepare, repo_path, view.tip)
+        await self._prepare_or_fail(repo_path, view)
         while True:
             if self.cancel.is_set():
                 raise StandDown(self.why)
@@ -184,7 +184,23 @@ class TaskRun:
             if view.state in taskcore.TERMINAL:
                 return
             if fresh:
-                await asyncio.to_thread(self._prepare, repo_path, view.tip)
+                await self._prepare_or_fail(repo_path, view)
+
+    async def _prepare_or_fail(self, repo_path: Path, view: taskcore.TaskView) -> None:
+        """Check the tip out; when that cannot be done here the task fails with the reason
+        (a crash here left it `running` with nobody on it: issue 27). A remote run's crash
+        is retried a bounded number of times, then the owner places the task again."""
+        try:
+            await asyncio.to_thread(self._prepare, repo_path, view.tip)
+        except (worktree.WorktreeError, OSError) as e:
+            if self.remote is not None:
+                raise  # a crashed remote run is retried, then handed back (RemoteRuns)
+            where = f"compute unit {self.unit.user}" if self.unit is not None else "a worktree"
+            why = f"cannot check the task out in {where} on {self.lease.node}: {e}"
+            log.warning("%s/%s: %s", *self.key, why)
+            view = await self._view()
+            await self._append(view, [taskcore.fail_run(view, why)])
+            raise StandDown(why) from e
 
     def _prepare(self, repo_path: Path, tip: str) -> None:
         self.base = tip

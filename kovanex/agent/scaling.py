@@ -141,12 +141,14 @@ class ScalingService:
         rec = d.recommendation
         if "desired" in body:
             want = body["desired"]
+            if isinstance(want, float) and want.is_integer():  # JSON's 3.0 is the integer 3
+                want = int(want)
             p = self.policy
             if not isinstance(want, int) or isinstance(want, bool):
                 raise ApplyError(400, "desired must be an integer", "desired")
             if not p.min_runners <= want <= p.max_runners:
-                raise ApplyError(
-                    400,
+                raise ApplyError(  # well formed, but outside this node's configured bounds
+                    409,
                     f"desired = {want} must be in [{p.min_runners}, {p.max_runners}] "
                     "([scaling] min_runners, max_runners)",
                     "desired",

@@ -33,6 +33,13 @@ def handlers(agent: Agent) -> dict[str, Handler]:
 
     def keyring(action: str) -> Handler:
         async def run(c: Call) -> Any:
+            key = c.body.get("key")
+            keys = a.cluster.node.list_keys()
+            if action in ("use", "remove") and key not in keys:
+                raise ApiError(404, "no such key installed; InstallGossipKey first", "body.key")
+            if action == "remove" and key == keys[0]:
+                raise ApiError(409, "refusing to remove the primary key; use another key "
+                               "first (UseGossipKey)", "body.key", code="refused")  # fmt: skip
             try:
                 return a.cluster.keys_op({"action": action, "key": c.body.get("key")})
             except ValueError as e:  # not a key, not installed, or the primary

@@ -123,7 +123,9 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         return await control(a, "health")
 
     async def sync_state(c: Call) -> Any:
-        topics = {t: a.cluster.node.items(t) for t in GOSSIP_TOPICS}
+        # the agent's own topics, and every application (x-) topic gossip carries
+        names = [*GOSSIP_TOPICS, *sorted(t for t in a.cluster.node.topics() if t.startswith("x-"))]
+        topics = {t: a.cluster.node.items(t) for t in names}
         return {
             "node": a.ctx.name,
             "members": members(a),

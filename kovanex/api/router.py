@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qs
 
 from jsonschema import Draft202012Validator
@@ -35,15 +35,35 @@ DEFAULT_WAIT_S = 60.0
 MAX_WAIT_S = 300.0
 INTERNAL = ("/v1/nudge/", "/v1/internal/")  # node-internal calls: githttp's legacy api
 JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"  # curl -d's default type
 _URN = "urn:kovanex:openapi"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None, code: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        code: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.field = field
         self.code = code
+        self.headers = headers or {}  # e.g. a 405's Allow (RFC 9110 15.5.6)
+
+
+def ascii_int(raw: str, where: str) -> int:
+    """A non-negative integer written in ASCII digits, or a 400 naming `where`.
+
+    `str.isdigit()` also takes "²" (then int() raises) and Arabic-Indic digits (int()
+    reads "١٢" as 12): every integer the API parses from text comes through here.
+    """
+    if not (raw.isascii() and raw.isdigit()):
+        raise ApiError(400, f"{where} must be a non-negative integer in ASCII digits", where)
+    return int(raw)
 
 
 @dataclass
@@ -76,7 +96,7 @@ def error_response(
     body = json.loads(error_body(e.status, str(e), e.field))
     if e.code:
         body["code"] = e.code
-    return json_response(e.status, body, index, extra)
+    return json_response(e.status, body, index, {**e.headers, **(extra or {})})
 
 
 def _rewrite_refs(node: Any) -> Any:
@@ -218,8 +238,7 @@ class ApiRouter:
         since, gap = self.hub.index, None
         raw = (q.get("index") or [""])[0]
         if raw:
-            if not raw.isdigit():
-                raise ApiError(400, "index must be a non-negative integer", "query.index")
+            ascii_int(raw, "query.index")  # ASCII digits only, else a 400 naming it
             try:
                 since, gap = self.hub.resume(raw)
             except ValueError:
@@ -241,21 +260,18 @@ class ApiRouter:
 
     # -- steps -------------------------------------------------------------------------------
     def _route(self, req: HttpRequest) -> tuple[Route, dict[str, str]]:
-        allowed = []
-        for r in self.routes:
-            m = r.regex.match(req.path)
-            if m is None:
-                continue
+        """The most concrete path template first (OpenAPI's rule: /v1/tokens/publish
+        before /v1/tokens/{name}), then the method; a 405 lists that path's methods."""
+        found = [(r, m) for r in self.routes if (m := r.regex.match(req.path)) is not None]
+        if not found:
+            raise ApiError(404, f"no API operation at {req.path}; see /v1/openapi.json")
+        least = min(r.op.path.count("{") for r, _ in found)
+        found = [(r, m) for r, m in found if r.op.path.count("{") == least]
+        for r, m in found:
             if r.op.method == req.method or (req.method == "HEAD" and r.op.method == "GET"):
                 return r, m.groupdict()
-            allowed.append(r.op.method)
-        if allowed:
-            raise ApiError(
-                405,
-                f"{req.method} is not allowed on {req.path}; use {', '.join(sorted(set(allowed)))}",
-                code="method_not_allowed",
-            )
-        raise ApiError(404, f"no API operation at {req.path}; see /v1/openapi.json")
+        methods = {r.op.method for r, _ in found}
+        _refuse_method(req, *methods, *(("HEAD",) if "GET" in methods else ()))
 
     def _auth(self, req: HttpRequest, *, cookie: bool) -> Principal:
         header = req.headers.get("authorization", "")
@@ -280,11 +296,7 @@ class ApiRouter:
     def _call(self, route: Route, params: dict[str, str], req: HttpRequest, who: Principal) -> Call:
         typed: dict[str, Any] = {}
         for name, raw in params.items():
-            val: Any = (
-                int(raw)
-                if route.op.path.count("{index}") and name == "index" and raw.isdigit()
-                else raw
-            )
+            val: Any = ascii_int(raw, f"path.{name}") if name == "index" else raw
             v = route.params[name]
             if v is not None and (err := next(iter(v.iter_errors(val)), None)) is not None:
                 if name == "index":
@@ -298,16 +310,12 @@ class ApiRouter:
             raw = values[-1]
             val = raw
             if route.query_types[name] == "integer":
-                if not raw.isdigit():
-                    raise ApiError(
-                        400,
-                        f"query parameter {name} must be a non-negative integer",
-                        f"query.{name}",
-                    )
-                val = int(raw)
+                val = ascii_int(raw, f"query.{name}")
             v = route.query[name]
             if v is not None and (err := next(iter(v.iter_errors(val)), None)) is not None:
                 raise ApiError(400, f"query parameter {name}: {err.message}", f"query.{name}")
+            if name == "wait":
+                _wait(val)  # refused now, not after the index wait began
             query[name] = val
         body: dict[str, Any] = {}
         if route.body is not None:
@@ -319,12 +327,18 @@ class ApiRouter:
         body: Any = {}
         if req.body.strip():
             ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
-            if ctype not in (JSON, "") and not ctype.endswith("+json"):
+            # curl -d sends its JSON as application/x-www-form-urlencoded: take it when it
+            # parses as JSON (a real form never does), as Nomad does
+            lenient = ctype == FORM
+            if ctype not in (JSON, "", FORM) and not ctype.endswith("+json"):
                 raise ApiError(415, f"send the body as {JSON}, not {ctype}", "body",
                                code="unsupported_media_type")  # fmt: skip
             try:
                 body = json.loads(req.body)
             except (ValueError, UnicodeDecodeError) as e:
+                if lenient:
+                    raise ApiError(415, f"send the body as {JSON} (this {FORM} body is not "
+                                   "JSON)", "body", code="unsupported_media_type") from e  # fmt: skip
                 raise ApiError(400, f"the body is not JSON: {e}", "body") from e
         assert route.body is not None
         errs = sorted(route.body.iter_errors(body), key=lambda e: list(e.absolute_path))
@@ -357,11 +371,18 @@ class ApiRouter:
 
 def _only(req: HttpRequest, *methods: str) -> None:
     if req.method not in methods:
-        raise ApiError(
-            405,
-            f"{req.method} is not allowed on {req.path}; use {', '.join(methods)}",
-            code="method_not_allowed",
-        )
+        _refuse_method(req, *methods)
+
+
+def _refuse_method(req: HttpRequest, *methods: str) -> NoReturn:
+    """A 405 with the Allow header RFC 9110 asks for: the methods the path serves."""
+    allow = sorted(set(methods))
+    raise ApiError(
+        405,
+        f"{req.method} is not allowed on {req.path}; use {', '.join(allow)}",
+        code="method_not_allowed",
+        headers={"Allow": ", ".join(allow)},
+    )
 
 
 def _wait(raw: str | None) -> float:
@@ -369,6 +390,7 @@ def _wait(raw: str | None) -> float:
     if not raw:
         return DEFAULT_WAIT_S
     m = re.fullmatch(spec.WAIT, raw)
-    assert m is not None  # validated against the schema already
+    if m is None or not raw.isascii():  # the schema's `$` also admits a trailing newline
+        raise ApiError(400, "query.wait must be like 250ms, 30s, 5m or 10", "query.wait")
     unit = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(1)]
     return min(float(raw.rstrip("ms")) * unit, MAX_WAIT_S)

@@ -64,7 +64,12 @@ NUM = {"type": "number"}
 B = {"type": "boolean"}
 ANY_OBJ = {"type": "object"}
 NULLABLE_S = {"type": ["string", "null"]}
-ADDR = {"type": "string", "pattern": r"^[A-Za-z0-9._:\[\]-]{1,253}:[0-9]{1,5}$"}
+PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+# HOST:PORT as JoinCluster's handler takes it: a host, and a port from 1 to 65535
+ADDR = {"type": "string", "pattern": r"^[A-Za-z0-9._:\[\]-]{1,253}:" + PORT + "$"}
+# a gossip key as `kovanex keygen` prints it: base64 of 32 bytes (AES-256), 43 chars and
+# one '=', the last char carrying 2 zero bits (so one key has one spelling)
+GOSSIP_KEY = {"type": "string", "pattern": r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"}
 
 SCHEMAS: dict[str, Any] = {
     "Error": obj(
@@ -145,7 +150,7 @@ PROMO = "/v1/promotions/{env}/{version}"
 ENV = "/v1/environments/{env}"
 INDEX_Q = {"index": I0, "wait": {"type": "string", "pattern": WAIT}}
 TASK = "/v1/tasks/{repo}/{task}"
-KEY_B = obj({"key": {"type": "string", "minLength": 1, "maxLength": 100}}, ("key",), extra=False)
+KEY_B = obj({"key": GOSSIP_KEY}, ("key",), extra=False)
 # fmt: off
 OPS: tuple[Op, ...] = (
     # -- membership ----------------------------------------------------------------------
@@ -191,7 +196,7 @@ OPS: tuple[Op, ...] = (
        body=obj({"topic": {"type": "string", "pattern": r"^x-[a-z0-9-]{1,40}$"},
                  "key": {"type": "string", "pattern": NAME}, "value": ANY_OBJ},
                 ("topic", "key", "value"), extra=False),
-       response=obj({"published": B}, ("published",))),
+       response=obj({"published": B, "reason": S}, ("published",))),
     Op("SyncState", "GET", "/v1/gossip/state", "node",
        "This node's whole gossip view: members and application topics", "gossip",
        response=obj({"node": S, "members": arr(ref("Node")), "topics": ANY_OBJ,
@@ -224,7 +229,7 @@ OPS: tuple[Op, ...] = (
        "scaling", response=obj({"pressure": NUM}, ("pressure",))),
     Op("ApplyScaleAction", "POST", "/v1/scale/apply", "admin",
        "Run the configured executor with the decision on stdin", "scaling",
-       body=ANY_OBJ, response=ANY_OBJ),
+       body=obj({"desired": I0, "dry_run": B}, extra=False), response=ANY_OBJ),
     # -- tasks ---------------------------------------------------------------------------
     Op("ListTasks", "GET", "/v1/tasks", "read", "Every task of every repo on the node",
        "tasks", query={"repo": {"type": "string", "pattern": ID}, "state": S},
@@ -306,7 +311,8 @@ OPS: tuple[Op, ...] = (
        "Create the users, paths and cgroups of the node's units (as root)", "units",
        response=obj({"units": arr(ref("Unit"))}, ("units",))),
     Op("DeprovisionUnits", "POST", "/v1/units/deprovision", "admin",
-       "Remove the units' paths and cgroups; refused while a unit runs a step", "units",
+       "Remove the units' paths and cgroups; refused unless the node is cordoned and "
+       "idle", "units",
        body=obj({"delete_users": B}, extra=False),
        response=obj({"removed": I0}, ("removed",))),
     Op("DrainUnit", "POST", "/v1/units/{index}/drain", "admin",
@@ -386,8 +392,8 @@ def _operation(op: Op) -> dict[str, Any]:
         },
     }
     if op.body is not None:
-        out["requestBody"] = {
-            "required": False,
+        out["requestBody"] = {  # required where the body has required fields
+            "required": bool(op.body.get("required")),
             "content": {"application/json": {"schema": op.body}},
         }
     if op.scope != "public":

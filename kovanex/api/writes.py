@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
+from kovanex import spec as specmod
 from kovanex.agent.scaling import ApplyError
 from kovanex.api import reads
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.gitstate.refs import task_ref, valid_task_id
+from kovanex.inputlimits import InputLimits
 from kovanex.runner import units as unitsmod
 from kovanex.spec import SPEC_PATH
 from kovanex.tokens import TokenError, parse_duration
@@ -64,9 +69,29 @@ async def git(*args: str, env: dict[str, str] | None = None, stdin: bytes | None
         await proc.wait()
         raise ApiError(504, f"git {args[0]} timed out", code="timeout") from None
     if proc.returncode != 0:
-        text = err.decode(errors="replace").strip()
-        raise ApiError(400, f"git {args[0]} refused: {text[-500:]}", "body", code="git_refused")
+        raise ApiError(400, _refusal(args[0], err.decode(errors="replace")), "body",
+                       code="git_refused")  # fmt: skip
     return out.decode().strip()
+
+
+def _refusal(verb: str, stderr: str) -> str:
+    """What the hook said, as a push shows it, without git's noise: no `remote:` prefix,
+    no internal URL, no commit ids (the caller sees their own request, not our plumbing)."""
+    said = [ln.split("remote:", 1)[1].strip() for ln in stderr.splitlines() if "remote:" in ln]
+    said = [ln for ln in said if ln.startswith("kovanex:")]
+    if not said:
+        return f"git {verb} failed on the node; see its log"
+    return re.sub(r"\b[0-9a-f]{40}([0-9a-f]{24})?\b", "<commit>", "; ".join(said))[:500]
+
+
+def spec_errors(spec: str, limits: InputLimits) -> None:
+    """The pre-receive hook's own validation (kovanex/spec.py), before anything is
+    written: a bad spec answers as a push does, by the field that is wrong."""
+    errors = specmod.validate(spec.encode(), specmod.SPEC_PATH, limits)
+    if errors:
+        e = errors[0]
+        at = "body.spec" if e.field in ("", "(root)", "(toml)") else f"body.spec.{e.field}"
+        raise ApiError(400, f"{e.field}: {' '.join(e.reason.split())}", at, code="bad_spec")
 
 
 async def submit(a: Agent, body: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +101,7 @@ async def submit(a: Agent, body: dict[str, Any]) -> dict[str, Any]:
         raise ApiError(404, f"no repo {repo!r} on {a.ctx.name}", "body.repo")
     if not valid_task_id(task_id):
         raise ApiError(400, f"{task_id!r} cannot be a task id", "body.id")
+    spec_errors(body["spec"], a.ctx.cfg.limits)
     gd = str(a.repos.path(repo))
     if await _rev(gd, task_ref(task_id)):
         raise ApiError(409, f"task {task_id} exists in {repo}; retry or cancel it", "body.id")
@@ -141,8 +167,9 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         try:
             return await reads.control(a, "join", addrs=c.body["addrs"],
                                        timeout=c.body.get("timeout", 5.0))  # fmt: skip
-        except (OverflowError, OSError, ValueError) as e:  # an address gossip cannot use
-            raise ApiError(400, f"cannot join {c.body['addrs']}: {e}", "body.addrs") from e
+        except (OverflowError, OSError, ValueError) as e:  # well formed, but not reachable
+            raise ApiError(409, f"cannot join {c.body['addrs']}: {e}", "body.addrs",
+                           code="refused") from e  # fmt: skip
 
     async def leave(c: Call) -> Any:
         return await reads.control(a, "leave")
@@ -173,7 +200,11 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         return {"node": a.ctx.name, "score": score, "vector": vector}
 
     async def gossip(c: Call) -> Any:
-        a.cluster.node.publish(c.body["topic"], c.body["key"], c.body["value"])
+        try:  # what the wire cannot carry must not enter the gossip state at all
+            msgpack.packb(c.body["value"], use_bin_type=True)
+            a.cluster.node.publish(c.body["topic"], c.body["key"], c.body["value"])
+        except (ValueError, OverflowError, TypeError) as e:  # too large, or not msgpack
+            return {"published": False, "reason": f"gossip cannot carry this value: {e}"}
         return {"published": True}
 
     async def schedule(c: Call) -> Any:
@@ -239,6 +270,12 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         return {"units": rows}
 
     async def deprovision(c: Call) -> Any:
+        # A node that can still be placed on would check its next task out into a unit
+        # that is gone: refuse until it is cordoned and idle (issue 27).
+        if a.runs.units and not a.cluster.cordoned:
+            raise ApiError(409, f"{a.ctx.name} still takes tasks on these units: cordon it "
+                           "first (DrainNode), wait for its runs to end, then deprovision; "
+                           "ProvisionUnits brings the units back", code="busy")  # fmt: skip
         if a.runs.busy_units():
             raise ApiError(409, "units are running steps; drain them first", code="busy")
         units = list(a.runs.units)

@@ -335,6 +335,12 @@ def _with_ok(view: TaskView, index: int) -> TaskView:
     )
 
 
+def fail_run(view: TaskView, reason: str) -> Transition:
+    """A run that cannot go on at all (its checkout could not be made): fail the task
+    under its lease with the reason, rather than leave it `running` with nobody on it."""
+    return _lease_tr(view, _check(view, "fail"), reason=_one_line(reason)[:300])
+
+
 def requeue(view: TaskView, reason: str) -> Transition:
     """Failover: take the task back from a holder presumed dead; the epoch bump fences it."""
     to = _check(view, "requeue")

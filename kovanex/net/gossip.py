@@ -170,6 +170,10 @@ class GossipNode:
         e = self.core.app.get((topic, key))
         return None if e is None else e.value
 
+    def topics(self) -> set[str]:
+        """Every application topic with a live key (what SyncState lists)."""
+        return {t for (t, _), e in self.core.app.items() if e.value is not None}
+
     def items(self, topic: str) -> dict[str, Any]:
         """Live keys of a topic (a None value is a tombstone: not listed)."""
         return {

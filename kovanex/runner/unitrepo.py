@@ -116,7 +116,12 @@ def _pipe(
     c_cwd: Path | None,
     revs: str,
 ) -> tuple[int, int, str, str]:
-    """producer | consumer, with `revs` on the producer's stdin; returns rcs and outputs."""
+    """producer | consumer, with `revs` on the producer's stdin; returns rcs and outputs.
+
+    Whatever goes wrong after the producer started (the consumer cannot start because
+    the unit's path or user is gone, a write fails), the producer is killed and reaped:
+    a `pack-objects` left waiting on its stdin would hold the run for ever (issue 27).
+    """
     prod = subprocess.Popen(
         producer,
         stdin=subprocess.PIPE,
@@ -125,29 +130,46 @@ def _pipe(
         env=p_env,
         cwd=p_cwd,
     )
-    cons = subprocess.Popen(
-        consumer,
-        stdin=prod.stdout,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=c_env,
-        cwd=c_cwd,
-    )
-    assert prod.stdout is not None and prod.stdin is not None
-    prod.stdout.close()
-    prod.stdin.write(revs.encode())
-    prod.stdin.close()
-    c_out, c_err = cons.communicate()
-    p_err = prod.stderr.read() if prod.stderr else b""
-    prod.wait()
-    if prod.stderr:
-        prod.stderr.close()
+    assert prod.stdout is not None and prod.stdin is not None and prod.stderr is not None
+    try:
+        cons = subprocess.Popen(
+            consumer,
+            stdin=prod.stdout,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=c_env,
+            cwd=c_cwd,
+        )
+        prod.stdout.close()
+        prod.stdin.write(revs.encode())
+        prod.stdin.close()
+        c_out, c_err = cons.communicate()
+        p_err = prod.stderr.read()
+        prod.wait()
+    except BaseException as e:
+        _reap(prod)
+        if isinstance(e, OSError):
+            raise WorktreeError(f"cannot start the unit's end of the pack pipe: {e}") from e
+        raise
+    prod.stderr.close()
     return (
         prod.returncode,
         cons.returncode,
         c_out.decode(errors="replace"),
         (p_err + c_err).decode(errors="replace"),
     )
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill a pipe's producer and wait for it, closing our ends of its pipes."""
+    proc.kill()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+    proc.wait()
 
 
 def checkout_of(store: pygit2.Repository, tip: str) -> str:
