@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kovanex import pushlimits
 from kovanex import spec as specmod
 from kovanex.coordcfg import ENABLE_HINT, CoordinationConfig
 from kovanex.core import task as taskcore
@@ -107,6 +108,13 @@ def check_pre_receive(
     store = Pygit2Store(git_dir, extra_object_dirs=extra)
     ledger = TaskLedger(store, node=node or "hook")
     writes = [u for u in updates if not u.ref.startswith(STAGING_PREFIX)]
+    if quarantine and any(u.new != ZERO for u in writes):
+        # first, from object headers alone: nothing below reads an object over a limit
+        over = pushlimits.refusals(git_dir, quarantine, limits)
+        if over:
+            for msg in over:
+                verdict.reject(msg)
+            return verdict
     if writes and owner_url is not None:
         owner = owner_url()
         if owner is not None:

@@ -3,9 +3,10 @@ last word before a push is accepted), post-receive notes what to queue."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.dispatch import Dispatcher
@@ -21,6 +22,21 @@ from kovanex.pushcheck import (
     check_pre_receive,
     keep_pusher_log,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, callable from a worker thread, run on `loop` (which owns the state it reads)."""
+
+    def call(*args: P.args, **kw: P.kwargs) -> R:
+        async def run() -> R:
+            return fn(*args, **kw)
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result()
+
+    return call
 
 
 class PushHandler:
@@ -67,17 +83,24 @@ class PushHandler:
         self, req: HookRequest, repo: str, updates: list[RefUpdate], options: PushOptions
     ) -> tuple[bool, list[str]]:
         owner = self.replicas.is_owner(repo)
-        verdict = check_pre_receive(
+        owner_desc = None if owner else self.owner_desc(repo)
+        loop = asyncio.get_running_loop()
+        quorum = self.quorum
+        # Off the event loop: the check lists the push's objects, reads and parses its
+        # specs and commits, all of which grow with the input (issue 24); what it asks of
+        # the agent's own state (a placement preview, the quorum) is asked on the loop.
+        verdict = await asyncio.to_thread(
+            check_pre_receive,
             req.git_dir,
             req.quarantine or None,
             updates,
             options,
             node=self.ctx.name,
-            preview=lambda tid, spec: self.placer.preview(repo, tid, spec),
-            owner_url=lambda: None if owner else self.owner_desc(repo),
+            preview=on_loop(loop, lambda tid, spec: self.placer.preview(repo, tid, spec)),
+            owner_url=lambda: owner_desc,
             limits=self.ctx.cfg.limits,
             coordination=self.ctx.cfg.coordination,
-            quorum=self.quorum,
+            quorum=None if quorum is None else on_loop(loop, quorum),
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be

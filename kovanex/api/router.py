@@ -22,8 +22,11 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from kovanex import nesting
 from kovanex.api import spec
 from kovanex.api.events import TOPICS, EventHub
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits
 from kovanex.net.http11 import HttpRequest, HttpResponse, error_body
 from kovanex.net.httpauth import NODE, Principal, authenticate
 from kovanex.tokens import Refused, TokenBook
@@ -138,8 +141,11 @@ class ApiRouter:
         *,
         forward: Forward | None = None,
         metrics: Callable[[], tuple[str, bytes] | None] = lambda: None,
+        limits: InputLimits = DEFAULT_LIMITS,
     ) -> None:
         self.hub = hub
+        self.limits = limits
+        self.body_bytes = limits.api_body_bytes  # the listener reads no more than this
         self.secret = cluster_secret
         self.book = book
         self.handlers = handlers
@@ -312,7 +318,14 @@ class ApiRouter:
                 raise ApiError(415, f"send the body as {JSON}, not {ctype}", "body",
                                code="unsupported_media_type")  # fmt: skip
             try:
+                # json.loads recurses per level: a body nested 50,000 deep was a 500
+                nesting.check_json(req.body, self.limits.nesting_depth)
                 body = json.loads(req.body)
+            except nesting.TooDeep as e:
+                raise ApiError(400, f"the body is {e}", "body") from e
+            except RecursionError as e:  # the scan should have caught it; a 400 anyway
+                raise ApiError(400, f"the body is {nesting.TooDeep(self.limits.nesting_depth)}",
+                               "body") from e  # fmt: skip
             except (ValueError, UnicodeDecodeError) as e:
                 raise ApiError(400, f"the body is not JSON: {e}", "body") from e
         assert route.body is not None
