@@ -75,6 +75,9 @@ class PushOptions:
 class Verdict:
     ok: bool = True
     messages: list[str] = field(default_factory=list)
+    # with `fold`: each pushed task as of its new tip, folded where the check ran (a
+    # worker thread), for the agent's ledger to keep until the ref lands (TaskLedger.prime)
+    views: dict[str, taskcore.TaskView] = field(default_factory=dict)
 
     def reject(self, msg: str) -> None:
         self.ok = False
@@ -96,6 +99,7 @@ def check_pre_receive(
     limits: InputLimits = DEFAULT_LIMITS,
     coordination: CoordinationConfig | None = None,
     quorum: Callable[[], bool] | None = None,
+    fold: bool = False,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
     refuse writes to a replica; refuse consistency the backend cannot give; honour dry-run.
@@ -174,6 +178,11 @@ def check_pre_receive(
         if verdict.ok:
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
+    if fold and verdict.ok:
+        for u in writes:
+            tid = task_id_of(u.ref)
+            if tid is not None and u.new != ZERO:
+                verdict.views[tid] = ledger.view_at(tid, u.new)
     return verdict
 
 

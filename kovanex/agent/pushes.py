@@ -101,6 +101,7 @@ class PushHandler:
             limits=self.ctx.cfg.limits,
             coordination=self.ctx.cfg.coordination,
             quorum=None if quorum is None else on_loop(loop, quorum),
+            fold=True,
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be
@@ -112,6 +113,9 @@ class PushHandler:
                 verdict.reject(f"kovanex: {why}")
         if verdict.ok:
             keep_pusher_log(req.git_dir, updates)
+            led = self.repos.ledger(repo)
+            for tid, view in verdict.views.items():
+                led.prime(tid, view)  # folded in the worker: the loop never walks the push
             for u in updates:
                 tid = task_id_of(u.ref)
                 if tid is not None and u.new != ZERO:
