@@ -4,7 +4,8 @@ A real agent on loopback; N clones each hold a task branch of C commits whose me
 are M bytes (default: 1,000 commits of just under 64 KiB, the limits' largest push), built
 with `git fast-import`. All N pushes start at once while a thread asks /healthz every
 10 ms; the figure is the p50/p99/max of those answers during the pushes, against the same
-probe on the idle agent just before (the floor).
+probe on the idle agent just before, and during the same pushes sent to a plain bare
+repo beside it (the agent idle, the host as busy with git: the floor of this host).
 
 Run: .venv/bin/python -m bench.busy_push [--pushes 10] [--commits 1000] [--message 65000]
 """
@@ -25,13 +26,19 @@ from bench.common import install_cleanup, kx, md_table, pct, run_agent, sandbox,
 OK_STEP = '[[steps]]\nname = "a"\nrun = "true"\n'
 
 
-def task_history(clone: Path, task: str, commits: int, message: int) -> None:
+def task_history(
+    clone: Path, task: str, commits: int, message: int, *, distinct: bool = True
+) -> None:
     """`commits` commits on task/<task>, each with a `message`-byte message, in one
-    fast-import (seconds, where `git commit` a thousand times takes a minute)."""
+    fast-import (seconds, where `git commit` a thousand times takes a minute). Not
+    `distinct`: one random text, rotated per commit, so git sends deltas (a cheap push
+    for the host) while the agent still reads every message whole."""
     spec = OK_STEP.encode()
     out = [b"blob\nmark :1\ndata %d\n%s\n" % (len(spec), spec)]
+    base = secrets.token_hex(message)
     for i in range(commits):
-        body = (f"commit {i} of {task}\n\n" + secrets.token_hex(message)[: message - 40]).encode()
+        text = secrets.token_hex(message) if distinct else base[i:] + base[:i]
+        body = (f"commit {i} of {task}\n\n" + text[: message - 40]).encode()
         out.append(b"commit refs/heads/task/%s\nmark :%d\n" % (task.encode(), i + 2))
         out.append(b"committer bench <b@x> %d +0000\n" % (1_700_000_000 + i))
         out.append(b"data %d\n%s\n" % (len(body), body))
@@ -82,6 +89,12 @@ class HealthProbe:
         self.thread.join(30)
 
 
+def push(clone: Path, remote: str, task: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "push", "-q", remote, f"task/{task}"], cwd=clone, capture_output=True
+    )
+
+
 def http_bind(data: Path) -> tuple[str, int]:
     text = (data / "kovanex.toml").read_text()
     bind = text.split("[http]")[1].split('bind = "')[1].split('"')[0]
@@ -105,6 +118,8 @@ def main() -> None:
     try:
         kx(data, "repo", "create", "demo")
         repo = data / "repos" / "demo.git"
+        plain = tmp / "plain.git"
+        sh("git", "init", "-q", "--bare", str(plain))
         clones = []
         for i in range(args.pushes):
             c = tmp / f"c{i}"
@@ -114,21 +129,17 @@ def main() -> None:
         host, port = http_bind(data)
         with HealthProbe(host, port) as idle:
             time.sleep(2.0)  # a floor to compare with: the same probe, nothing pushed
+        with HealthProbe(host, port) as floor, ThreadPoolExecutor(args.pushes) as pool:
+            list(pool.map(lambda ic: push(ic[1], str(plain), f"t{ic[0]}"), enumerate(clones)))
         spy = None
         if args.profile:
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
-                                    "-o", args.profile, "--rate", "200"])  # fmt: skip
+            fmt = "speedscope" if args.profile.endswith(".json") else "raw"
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", fmt,
+                                    "--threads", "--idle", "-o", args.profile, "--rate", "200"])  # fmt: skip
         t0 = time.perf_counter()
         with HealthProbe(host, port) as busy, ThreadPoolExecutor(args.pushes) as pool:
             results = list(
-                pool.map(
-                    lambda ic: subprocess.run(
-                        ["git", "push", "-q", "origin", f"task/t{ic[0]}"],
-                        cwd=ic[1],
-                        capture_output=True,
-                    ),
-                    enumerate(clones),
-                )
+                pool.map(lambda ic: push(ic[1], "origin", f"t{ic[0]}"), enumerate(clones))
             )
         wall = time.perf_counter() - t0
         if spy is not None:
@@ -139,7 +150,11 @@ def main() -> None:
             [which, len(p.lat), p.errors]
             + [f"{pct(p.lat, q) * 1000:.1f}" for q in (50, 99)]
             + [f"{max(p.lat) * 1000:.1f}"]
-            for which, p in (("idle", idle), ("during pushes", busy))
+            for which, p in (
+                ("idle agent", idle),
+                ("pushes to a plain repo (host floor)", floor),
+                ("pushes to the agent's repo", busy),
+            )
         ]
         print(
             f"{args.pushes} pushes x {args.commits} commits x {args.message} B messages: "
