@@ -8,6 +8,7 @@ probe on the idle agent just before, and during the same pushes sent to a plain 
 repo beside it (the agent idle, the host as busy with git: the floor of this host).
 
 Run: .venv/bin/python -m bench.busy_push [--pushes 10] [--commits 1000] [--message 65000]
+[--same-text] [--profile out.raw|out.json]  (py-spy on PATH: pip install py-spy)
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ def main() -> None:
     ap.add_argument("--pushes", type=int, default=10)
     ap.add_argument("--commits", type=int, default=1000)
     ap.add_argument("--message", type=int, default=65_000)
+    ap.add_argument(
+        "--same-text",
+        action="store_true",
+        help="one random text rotated per commit: git sends "
+        "deltas (a cheaper push for a shared host); the agent still reads every message",
+    )
     ap.add_argument("--profile", help="py-spy the agent during the pushes: collapsed stacks here")
     args = ap.parse_args()
     install_cleanup()
@@ -124,7 +131,7 @@ def main() -> None:
         for i in range(args.pushes):
             c = tmp / f"c{i}"
             sh("git", "clone", "-q", str(repo), str(c))
-            task_history(c, f"t{i}", args.commits, args.message)
+            task_history(c, f"t{i}", args.commits, args.message, distinct=not args.same_text)
             clones.append(c)
         host, port = http_bind(data)
         with HealthProbe(host, port) as idle:

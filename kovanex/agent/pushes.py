@@ -4,7 +4,9 @@ last word before a push is accepted), post-receive notes what to queue."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -23,6 +25,7 @@ from kovanex.pushcheck import (
     keep_pusher_log,
 )
 
+CHECK_THREADS = 2
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -64,6 +67,9 @@ class PushHandler:
         self.on_release: Callable[..., Awaitable[list[str]]] | None = None
         # set by the daemon: may this node place consistent work now (quorum, synced)?
         self.quorum: Callable[[], bool] | None = None
+        # pre-receive checks run here, off the loop; few threads, so ten pushes at once
+        # queue behind each other instead of all contending with the loop for the GIL
+        self._checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="push-check")
 
     async def on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
         updates = [RefUpdate.parse(r) for r in req.refs]
@@ -89,19 +95,22 @@ class PushHandler:
         # Off the event loop: the check lists the push's objects, reads and parses its
         # specs and commits, all of which grow with the input (issue 24); what it asks of
         # the agent's own state (a placement preview, the quorum) is asked on the loop.
-        verdict = await asyncio.to_thread(
-            check_pre_receive,
-            req.git_dir,
-            req.quarantine or None,
-            updates,
-            options,
-            node=self.ctx.name,
-            preview=on_loop(loop, lambda tid, spec: self.placer.preview(repo, tid, spec)),
-            owner_url=lambda: owner_desc,
-            limits=self.ctx.cfg.limits,
-            coordination=self.ctx.cfg.coordination,
-            quorum=None if quorum is None else on_loop(loop, quorum),
-            fold=True,
+        verdict = await loop.run_in_executor(
+            self._checks,
+            functools.partial(
+                check_pre_receive,
+                req.git_dir,
+                req.quarantine or None,
+                updates,
+                options,
+                node=self.ctx.name,
+                preview=on_loop(loop, lambda tid, spec: self.placer.preview(repo, tid, spec)),
+                owner_url=lambda: owner_desc,
+                limits=self.ctx.cfg.limits,
+                coordination=self.ctx.cfg.coordination,
+                quorum=None if quorum is None else on_loop(loop, quorum),
+                fold=True,
+            ),
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be
