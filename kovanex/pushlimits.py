@@ -81,7 +81,15 @@ def message_sizes(git_dir: str, quarantine: str, commits: list[tuple[str, int]])
 
 
 def refusals(git_dir: str, quarantine: str, limits: InputLimits) -> list[str]:
-    """Every limit this push breaks, one message each (empty: within all of them)."""
+    """Every limit this push breaks, one message each (empty: within all of them). A push
+    that cannot be measured is refused: accepting it unmeasured is what the limits stop."""
+    try:
+        return _refusals(git_dir, quarantine, limits)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return [f"kovanex: the push's objects could not be measured ({e}); nothing was written"]
+
+
+def _refusals(git_dir: str, quarantine: str, limits: InputLimits) -> list[str]:
     objs = pushed_objects(git_dir, quarantine)
     out: list[str] = []
     commits = [(oid, size) for oid, kind, size in objs if kind == "commit"]

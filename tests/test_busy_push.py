@@ -16,6 +16,9 @@ import pytest
 
 from bench.busy_push import HealthProbe, http_bind, push, task_history
 from bench.common import pct
+from kovanex.gitstate.ledger import TaskLedger, task_ref
+from kovanex.gitstate.memory import MemoryStore
+from kovanex.gitstate.store import EMPTY_TREE
 from tests.agentkit import Node, git, wait_for
 
 PUSHES = 3
@@ -58,3 +61,32 @@ def test_healthz_answers_while_three_pushes_of_the_largest_legal_input_run(
     # and the pushes were real work: every task was taken up by this node
     for i in range(PUSHES):
         wait_for(lambda i=i: node.show(f"t{i}")["state"] != "submitted", 60, f"t{i} queued")
+
+
+class CountingStore(MemoryStore):
+    """The real in-memory store, counting the commits read (a fold walks them)."""
+
+    reads = 0
+
+    def read_commit(self, oid: str):  # noqa: ANN201
+        self.reads += 1
+        return super().read_commit(oid)
+
+
+def test_a_view_folded_in_the_worker_is_used_without_walking_the_branch() -> None:
+    """What keeps the loop free: pre-receive folds the pushed branch in its worker (its
+    own ledger) and primes the agent's; the agent's first read of the new tip walks
+    nothing, and is the same view a fold on the loop would give."""
+    store = CountingStore()
+    tree = store.tree_with(EMPTY_TREE, {".kovanex/task.toml": b'[[steps]]\nname="a"\nrun="true"\n'})
+    tip = store.create_commit(tree, [], "user 0", author=("u", "u@x"))
+    for i in range(1, 200):
+        tip = store.create_commit(tree, [tip], f"user {i}", author=("u", "u@x"))
+    worker = TaskLedger(store, node="n1")
+    view = worker.view_at("t", tip)  # before the ref moves, as at pre-receive
+    agent = TaskLedger(store, node="n1")
+    agent.prime("t", view)
+    store.cas_ref(task_ref("t"), tip, None)  # the push lands
+    store.reads = 0
+    assert agent.read("t") == view and store.reads == 0
+    assert TaskLedger(store, node="n1").read("t") == view and store.reads == 200
