@@ -2,11 +2,13 @@
 
 tomllib and json recurse once per level of `[`/`{`, and jsonschema and repr recurse over
 what they built: a spec nested 50,000 deep, well under the size limit, ended in a
-RecursionError traceback in the pusher's terminal and a 500 from the API (issue 24). One
-linear scan over the text (strings and comments skipped, so a bracket inside a string does
-not count) refuses it first; `doc_depth` walks a parsed document without recursion for
-the depth TOML's dotted keys (`a.b.c...`) build without any bracket. Stdlib only: the
-hooks' slow path imports it.
+RecursionError traceback in the pusher's terminal and a 500 from the API (issue 24). For
+TOML (pure Python, and quadratic in a dotted key's length) one linear scan over the text,
+strings and comments skipped so a bracket inside a string does not count, refuses it
+first; `check_doc` walks a parsed document without recursion, for the depth a TOML
+header and dotted keys add up to, and for JSON, which C's json parses fast (its own
+RecursionError is the refusal past the interpreter's limit). Stdlib only: the hooks'
+slow path imports it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ _TOML_TOKENS = re.compile(
     re.S,
 )
 _SEGS = re.compile(_SEG)
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _OPEN = frozenset("[{")
 _CLOSE = frozenset("]}")
 
@@ -47,6 +48,7 @@ class TooDeep(ValueError):
 
 
 def _scan(text: str, tokens: re.Pattern[str], limit: int) -> None:
+    """Raise TooDeep at the first token that goes deeper than `limit`."""
     depth = 0
     for m in tokens.finditer(text):
         tok = m.group()
@@ -64,13 +66,6 @@ def _scan(text: str, tokens: re.Pattern[str], limit: int) -> None:
 def check_toml(text: str, limit: int) -> None:
     """Raise TooDeep when brackets in `text` nest deeper than `limit` (before tomllib)."""
     _scan(text, _TOML_TOKENS, limit)
-
-
-def check_json(text: str | bytes, limit: int) -> None:
-    """Raise TooDeep when `text` nests deeper than `limit` (before json.loads)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    _scan(text, _JSON_TOKENS, limit)
 
 
 def doc_depth_path(doc: Any, limit: int, root_level: int = 1) -> str | None:

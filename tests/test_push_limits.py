@@ -135,7 +135,10 @@ def test_nesting_is_measured_outside_strings_and_comments() -> None:
         in specmod.validate(mixed.encode(), limits=InputLimits(nesting_depth=3))[0].reason
     )
     with pytest.raises(nesting.TooDeep, match="deeper than 64 levels at line 1"):
-        nesting.check_json("[" * 50_000, 64)
+        nesting.check_toml("x = " + "[" * 50_000, 64)
+    with pytest.raises(nesting.TooDeep, match=r"deeper than 3 levels at a\.b\[0\]"):
+        nesting.check_doc({"a": {"b": [[{"c": 1}]]}}, 3)
+    assert nesting.doc_depth_path({"a": {"b": [1]}}, 3) is None
 
 
 @pytest.fixture(scope="module")

@@ -318,12 +318,14 @@ class ApiRouter:
                 raise ApiError(415, f"send the body as {JSON}, not {ctype}", "body",
                                code="unsupported_media_type")  # fmt: skip
             try:
-                # json.loads recurses per level: a body nested 50,000 deep was a 500
-                nesting.check_json(req.body, self.limits.nesting_depth)
+                # json.loads recurses per level (in C, up to the recursion limit: a body
+                # nested 50,000 deep was a 500); what it built is then measured without
+                # recursion, before the schema walks it
                 body = json.loads(req.body)
+                nesting.check_doc(body, self.limits.nesting_depth)
             except nesting.TooDeep as e:
                 raise ApiError(400, f"the body is {e}", "body") from e
-            except RecursionError as e:  # the scan should have caught it; a 400 anyway
+            except RecursionError as e:
                 raise ApiError(400, f"the body is {nesting.TooDeep(self.limits.nesting_depth)}",
                                "body") from e  # fmt: skip
             except (ValueError, UnicodeDecodeError) as e:
