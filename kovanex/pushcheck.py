@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kovanex import pushlimits
 from kovanex import spec as specmod
 from kovanex.coordcfg import ENABLE_HINT, CoordinationConfig
 from kovanex.core import task as taskcore
@@ -78,6 +79,9 @@ class PushOptions:
 class Verdict:
     ok: bool = True
     messages: list[str] = field(default_factory=list)
+    # with `fold`: each pushed task as of its new tip, folded where the check ran (a
+    # worker thread), for the agent's ledger to keep until the ref lands (TaskLedger.prime)
+    views: dict[str, taskcore.TaskView] = field(default_factory=dict)
 
     def reject(self, msg: str) -> None:
         self.ok = False
@@ -99,6 +103,7 @@ def check_pre_receive(
     limits: InputLimits = DEFAULT_LIMITS,
     coordination: CoordinationConfig | None = None,
     quorum: Callable[[], bool] | None = None,
+    fold: bool = False,
 ) -> Verdict:
     """Validate every pushed task spec; protect running tasks; fence stale epochs;
     refuse writes to a replica; refuse consistency the backend cannot give; honour dry-run.
@@ -117,6 +122,13 @@ def check_pre_receive(
     store = Pygit2Store(git_dir, extra_object_dirs=extra)
     ledger = TaskLedger(store, node=node or "hook")
     writes = [u for u in updates if not u.ref.startswith(STAGING_PREFIX)]
+    if quarantine and any(u.new != ZERO for u in writes):
+        # first, from object headers alone: nothing below reads an object over a limit
+        over = pushlimits.refusals(git_dir, quarantine, limits)
+        if over:
+            for msg in over:
+                verdict.reject(msg)
+            return verdict
     if writes and owner_url is not None:
         owner = owner_url()
         if owner is not None:
@@ -176,6 +188,11 @@ def check_pre_receive(
         if verdict.ok:
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
+    if fold and verdict.ok:
+        for u in writes:
+            tid = task_id_of(u.ref)
+            if tid is not None and u.new != ZERO:
+                verdict.views[tid] = ledger.view_at(tid, u.new)
     return verdict
 
 

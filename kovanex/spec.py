@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator, ValidationError
 
+from kovanex import nesting
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.inputlimits import InputLimits, human
 
@@ -220,15 +221,26 @@ def _cross_field_errors(doc: dict[str, Any], path: str) -> list[SpecError]:
     return errs
 
 
-def _parse(data: bytes, path: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
+def _parse(
+    data: bytes, path: str, limits: InputLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, Any] | None, list[SpecError]]:
+    """Parse after the nesting scan: tomllib recurses per level, and what it builds is
+    walked recursively by the schema, so depth is refused before either (issue 24)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, [SpecError(path, "(toml)", f"not valid UTF-8: {exc}")]
     try:
-        return tomllib.loads(text), []
+        nesting.check_toml(text, limits.nesting_depth)
+        doc = tomllib.loads(text)
+        nesting.check_doc(doc, limits.nesting_depth, root_level=0)
+        return doc, []
     except tomllib.TOMLDecodeError as exc:
         return None, [SpecError(path, "(toml)", str(exc))]
+    except nesting.TooDeep as exc:
+        return None, [SpecError(path, "(toml)", str(exc))]
+    except RecursionError:  # the scan should have caught it; never a traceback anyway
+        return None, [SpecError(path, "(toml)", str(nesting.TooDeep(limits.nesting_depth)))]
 
 
 def too_big(size: int, path: str = SPEC_PATH, limits: InputLimits = DEFAULT_LIMITS) -> SpecError:
@@ -288,7 +300,7 @@ def validate(
     a spec over a count limit is refused without the schema walking all of it."""
     if len(data) > limits.spec_bytes:
         return [too_big(len(data), path, limits)]
-    doc, errs = _parse(data, path)
+    doc, errs = _parse(data, path, limits)
     if doc is None:
         return errs
     over = _limit_errors(doc, path, limits)
@@ -313,7 +325,7 @@ def _load_cached(data: bytes, path: str, limits: InputLimits) -> TaskSpec:
     errs = validate(data, path, limits)
     if errs:
         raise errs[0]
-    doc, _ = _parse(data, path)
+    doc, _ = _parse(data, path, limits)
     assert doc is not None
     return _build(doc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_limits_table_in_kovanex_toml_round_trips_and_bad_entries_are_named() ->
 @pytest.fixture(params=["agent", "hook-only"])
 def node(request: pytest.FixtureRequest, tmp_path: Path):
     """The fast path (the agent answers the hook) and the slow path (agent down): same verdict."""
-    n = Node(tmp_path, "n1")
+    n = Node(tmp_path, f"lim-{secrets.token_hex(3)}")  # beside another cluster on the host
     if request.param == "agent":
         n.start()
     yield n

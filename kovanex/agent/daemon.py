@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from kovanex import config as cfgmod
@@ -60,6 +61,12 @@ from kovanex.ui.routes import UiRouter
 
 log = logging.getLogger("kovanex.agent")
 GIT_CACHE_BYTES = 16 * 2**20
+
+
+def prepare_repo(path: Path, data_dir: Path, pack_bytes: int) -> None:
+    """A replica the agent makes: hooks, and git's bound on a push's pack (limits.pack_bytes)."""
+    install_hooks(path, data_dir)
+    gitcli.ensure_repo_config(path, pack_bytes)
 
 
 class Agent:
@@ -118,7 +125,7 @@ class Agent:
             gossip=gossip,
             token=ctx.token,
             http_url=self.http_url,
-            install_hooks=lambda path: install_hooks(path, layout.root),
+            install_hooks=lambda path: prepare_repo(path, layout.root, cfg.limits.pack_bytes),
             on_owned=self._on_owned,
             clock=ctx.clock,
         )
@@ -361,7 +368,8 @@ class Agent:
         self.watcher = RefWatcher(layout.repos, loop, self._ref_moved)
         for repo in self.repos.all():
             self.watch(repo)
-            gitcli.ensure_repo_config(self.repos.path(repo))  # repos made by older versions
+            # repos made by older versions; the pack bound follows this node's [limits]
+            gitcli.ensure_repo_config(self.repos.path(repo), ctx.cfg.limits.pack_bytes)
         self.watcher.start()
         await self.control.start()
         modules.load_modules(ctx.cfg.modules)  # a bad [[modules]] fails here, clearly

@@ -3,9 +3,12 @@ last word before a push is accepted), post-receive notes what to queue."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.dispatch import Dispatcher
@@ -22,6 +25,22 @@ from kovanex.pushcheck import (
     check_pre_receive,
     keep_pusher_log,
 )
+
+CHECK_THREADS = 2
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, callable from a worker thread, run on `loop` (which owns the state it reads)."""
+
+    def call(*args: P.args, **kw: P.kwargs) -> R:
+        async def run() -> R:
+            return fn(*args, **kw)
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result()
+
+    return call
 
 
 class PushHandler:
@@ -49,6 +68,9 @@ class PushHandler:
         self.on_release: Callable[..., Awaitable[list[str]]] | None = None
         # set by the daemon: may this node place consistent work now (quorum, synced)?
         self.quorum: Callable[[], bool] | None = None
+        # pre-receive checks run here, off the loop; few threads, so ten pushes at once
+        # queue behind each other instead of all contending with the loop for the GIL
+        self._checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="push-check")
 
     async def on_hook(self, req: HookRequest) -> tuple[bool, list[str]]:
         updates = [RefUpdate.parse(r) for r in req.refs]
@@ -71,17 +93,28 @@ class PushHandler:
         if repo in self.repos.broken and not options.from_node:
             return False, [broken_refusal(repo, self.repos.broken[repo], self.ctx.name)]
         owner = self.replicas.is_owner(repo)
-        verdict = check_pre_receive(
-            req.git_dir,
-            req.quarantine or None,
-            updates,
-            options,
-            node=self.ctx.name,
-            preview=lambda tid, spec: self.placer.preview(repo, tid, spec),
-            owner_url=lambda: None if owner else self.owner_desc(repo),
-            limits=self.ctx.cfg.limits,
-            coordination=self.ctx.cfg.coordination,
-            quorum=self.quorum,
+        owner_desc = None if owner else self.owner_desc(repo)
+        loop = asyncio.get_running_loop()
+        quorum = self.quorum
+        # Off the event loop: the check lists the push's objects, reads and parses its
+        # specs and commits, all of which grow with the input (issue 24); what it asks of
+        # the agent's own state (a placement preview, the quorum) is asked on the loop.
+        verdict = await loop.run_in_executor(
+            self._checks,
+            functools.partial(
+                check_pre_receive,
+                req.git_dir,
+                req.quarantine or None,
+                updates,
+                options,
+                node=self.ctx.name,
+                preview=on_loop(loop, lambda tid, spec: self.placer.preview(repo, tid, spec)),
+                owner_url=lambda: owner_desc,
+                limits=self.ctx.cfg.limits,
+                coordination=self.ctx.cfg.coordination,
+                quorum=None if quorum is None else on_loop(loop, quorum),
+                fold=True,
+            ),
         )
         if verdict.ok and owner:
             # last check: a commit the replicas acked but we then refused could be
@@ -93,6 +126,9 @@ class PushHandler:
                 verdict.reject(f"kovanex: {why}")
         if verdict.ok:
             keep_pusher_log(req.git_dir, updates)
+            led = self.repos.ledger(repo)
+            for tid, view in verdict.views.items():
+                led.prime(tid, view)  # folded in the worker: the loop never walks the push
             for u in updates:
                 tid = task_id_of(u.ref)
                 if tid is not None and u.new != ZERO:

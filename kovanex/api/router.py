@@ -22,8 +22,11 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from kovanex import nesting
 from kovanex.api import scoping, spec
 from kovanex.api.events import TOPICS, EventHub
+from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.inputlimits import InputLimits
 from kovanex.net.http11 import HttpRequest, HttpResponse, error_body
 from kovanex.net.httpauth import NODE, Principal, authenticate
 from kovanex.tokens import Refused, TokenBook
@@ -158,8 +161,11 @@ class ApiRouter:
         *,
         forward: Forward | None = None,
         metrics: Callable[[], tuple[str, bytes] | None] = lambda: None,
+        limits: InputLimits = DEFAULT_LIMITS,
     ) -> None:
         self.hub = hub
+        self.limits = limits
+        self.body_bytes = limits.api_body_bytes  # the listener reads no more than this
         self.secret = cluster_secret
         self.book = book
         self.handlers = handlers
@@ -334,7 +340,16 @@ class ApiRouter:
                 raise ApiError(415, f"send the body as {JSON}, not {ctype}", "body",
                                code="unsupported_media_type")  # fmt: skip
             try:
+                # json.loads recurses per level (in C, up to the recursion limit: a body
+                # nested 50,000 deep was a 500); what it built is then measured without
+                # recursion, before the schema walks it
                 body = json.loads(req.body)
+                nesting.check_doc(body, self.limits.nesting_depth)
+            except nesting.TooDeep as e:
+                raise ApiError(400, f"the body is {e}", "body") from e
+            except RecursionError as e:
+                raise ApiError(400, f"the body is {nesting.TooDeep(self.limits.nesting_depth)}",
+                               "body") from e  # fmt: skip
             except (ValueError, UnicodeDecodeError) as e:
                 if lenient:
                     raise ApiError(415, f"send the body as {JSON} (this {FORM} body is not "

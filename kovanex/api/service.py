@@ -43,6 +43,7 @@ class ApiService:
             },
             forward=Forwarder(agent),
             metrics=self._metrics,
+            limits=agent.ctx.cfg.limits,
         )
         self._poller: asyncio.Task[None] | None = None
 

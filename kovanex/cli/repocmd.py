@@ -11,6 +11,7 @@ from kovanex import paths
 from kovanex.cli.apicmd import AgentDown, add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json, table
 from kovanex.gitstate import gitcli
+from kovanex.inputlimits import InputLimits
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -46,6 +47,14 @@ def install_hooks(repo: Path, layout: cfgmod.Layout) -> None:
     paths.install_hooks(repo, layout.root)
 
 
+def _limits(layout: cfgmod.Layout) -> InputLimits:
+    """The node's [limits] (defaults before `kovanex init` wrote a kovanex.toml)."""
+    try:
+        return cfgmod.load(layout).limits
+    except cfgmod.ConfigError:
+        return InputLimits()
+
+
 def create_repo(layout: cfgmod.Layout, name: str, owner: str | None = None) -> Path:
     """A bare repo with hooks; with `owner`, its first ownership record too, so the agent
     knows it owns the repo as soon as it hears of it (a push may follow at once)."""
@@ -56,6 +65,7 @@ def create_repo(layout: cfgmod.Layout, name: str, owner: str | None = None) -> P
         raise CliError(f"repo {name} exists at {path}; clone it with: git clone {path}")
     gitcli.create_bare(path)  # the same bare repo a replica gets (config, atomic)
     install_hooks(path, layout)
+    gitcli.ensure_repo_config(path, _limits(layout).pack_bytes)  # receive.maxInputSize
     (path / "refs" / "heads" / "task").mkdir(parents=True, exist_ok=True)
     if owner is not None:
         _claim(path, owner)

@@ -93,6 +93,7 @@ class Counters:
     suspects_started: int = 0
     deaths_declared: int = 0
     refutes: int = 0
+    late_probes: int = 0  # probes left unjudged: this node ran too late to read their ack
     sent: dict[str, int] = field(default_factory=dict)
 
 
@@ -127,6 +128,7 @@ class Membership:
         self.mq = BroadcastQueue()
         self.aq = BroadcastQueue()
         self._heap: list[tuple[float, int, str, Any]] = []
+        self._late = 0.0  # how late the timer being run fired (its due time to `now`)
         self._hseq = 0
         self._asked: float | None = None
         self._seq = 0
@@ -217,8 +219,10 @@ class Membership:
         fx: list[Effect] = []
         h = self._heap
         while h and h[0][0] <= now:
-            _, _, kind, arg = heapq.heappop(h)
+            at, _, kind, arg = heapq.heappop(h)
+            self._late = now - at
             getattr(self, "_t_" + kind)(now, arg, fx)
+        self._late = 0.0
         self._asked = None  # a shell timer may fire a hair early: always re-arm
         return self._finish(fx)
 
@@ -392,6 +396,13 @@ class Membership:
             return
         if pr.acked:
             self.awareness.apply_delta(-1)
+            return
+        if self.p.lifeguard and self._late > self.p.probe_timeout:
+            # This node ran late (a busy event loop): the ack may be waiting unread in the
+            # socket, and the shell runs due timers before it reads packets. Lifeguard: the
+            # slow one is us, so back off (awareness up) and accuse nobody.
+            self.counters.late_probes += 1
+            self.awareness.apply_delta(1)
             return
         self.counters.failed_probes += 1
         self.awareness.apply_delta(nack_delta(pr.expected_nacks, pr.nacks))

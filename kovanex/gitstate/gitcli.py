@@ -308,13 +308,17 @@ BARE_CONFIG = (
 )
 
 
-def ensure_repo_config(path: Path | str) -> bool:
+def ensure_repo_config(path: Path | str, pack_bytes: int | None = None) -> bool:
     """Give a repo made before archiving existed its hideRefs lines, one made before
     ADR 0040 no reflogs for new refs, and one made before it no gc started per push (agent
-    start); True if it lacked any. One `git config` read when nothing is missing."""
-    pattern = r"\.hiderefs$|^core\.logallrefupdates$|^receive\.autogc$"
+    start); with `pack_bytes`, git's own bound on a push's pack (receive.maxInputSize,
+    `limits.pack_bytes`: refused before any hook runs). True if it lacked any. One
+    `git config` read when nothing is missing."""
+    pattern = r"\.hiderefs$|^core\.logallrefupdates$|^receive\.autogc$|^receive\.maxinputsize$"
     have = run(["config", "--get-regexp", pattern], git_dir=path, check=False).stdout
     lines = set(have.splitlines())
+    if pack_bytes is not None and f"receive.maxinputsize {pack_bytes}" not in lines:
+        run(["config", "receive.maxInputSize", str(pack_bytes)], git_dir=path)
     missing = [(k, v) for k, v in HIDE_CONFIG if f"{k.lower()} {v}" not in lines]
     for key, val in missing:
         run(["config", "--add", key, val], git_dir=path)

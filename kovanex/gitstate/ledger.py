@@ -78,6 +78,9 @@ def term_of(tr: Transition | None) -> int | None:
         return None
 
 
+PRIMED_MAX = 256
+
+
 class TaskLedger:
     def __init__(
         self,
@@ -91,6 +94,8 @@ class TaskLedger:
         self.ref_of = ref_of  # archive_ref: read a task the agent archived (task show)
         self._time = time  # fixed commit time for reproducible oids in tests; None = now
         self._views: dict[str, TaskView] = {}
+        # views folded off the event loop (pre-receive, in a worker) for tips about to land
+        self._primed: dict[tuple[str, str], TaskView] = {}
         safe = _IDENT_SAFE.sub("-", node) or "node"
         self.author = (f"kovanex {safe}", f"kovanex+{safe}@localhost")
 
@@ -109,7 +114,10 @@ class TaskLedger:
         hit = self._views.get(task_id)
         if hit is not None and hit.tip == tip:
             return hit
-        view: TaskView | None = None
+        view: TaskView | None = self._primed.pop((task_id, tip), None)
+        if view is not None:
+            self._views[task_id] = view
+            return view
         if hit is not None:
             c = self.store.read_commit(tip)
             if c.parents and c.parents[0] == hit.tip:
@@ -120,6 +128,19 @@ class TaskLedger:
             view = core.fold(task_id, commits)
         self._views[task_id] = view
         return view
+
+    def view_at(self, task_id: str, tip: str) -> TaskView:
+        """The task as of `tip` (which need not be its ref yet: a pushed tip at pre-receive)."""
+        return self._view_at(task_id, tip)
+
+    def prime(self, task_id: str, view: TaskView) -> None:
+        """Keep a view folded elsewhere (a worker thread, from the same immutable commits)
+        for when the ref reaches `view.tip`: a push of 1,000 commits is then folded off
+        the event loop, not by the first reader on it (issue 24). Bounded: a primed tip
+        whose push was refused later is dropped with the oldest."""
+        self._primed[(task_id, view.tip)] = view
+        while len(self._primed) > PRIMED_MAX:
+            self._primed.pop(next(iter(self._primed)))
 
     def forget(self, task_id: str) -> None:
         """Drop the cached view of a task whose ref is gone (archived): memory follows the

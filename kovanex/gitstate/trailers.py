@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
-_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9-]*)[ \t]*:[ \t]*(.*)$")
 
 
 def build_message(subject: str, trailers: list[tuple[str, str]], body: str = "") -> str:
@@ -47,20 +46,35 @@ def parse_trailers(message: str) -> list[tuple[str, str]]:
     purpose: a paragraph that is only partly trailers is prose, not state.
     """
     text = message.replace("\r\n", "\n").rstrip("\n")
-    paragraphs = re.split(r"\n[ \t]*\n", text)
-    if len(paragraphs) < 2:
+    last = _last_paragraph(text)
+    if last is None:
         return []
     out: list[tuple[str, str]] = []
-    for line in paragraphs[-1].split("\n"):
+    for line in last.split("\n"):
         if line[:1] in (" ", "\t") and out:
             k, v = out[-1]
             out[-1] = (k, f"{v} {line.strip()}".strip())
             continue
-        m = _LINE.match(line)
-        if not m:
+        # partition, not a regex over the line: a 64 KiB line without a colon is one memchr
+        key, colon, value = line.partition(":")
+        key = key.rstrip(" \t")
+        if not colon or not _KEY.match(key):
             return []
-        out.append((m.group(1), m.group(2).strip()))
+        out.append((key, value.strip()))
     return out
+
+
+def _last_paragraph(text: str) -> str | None:
+    """What follows the last blank line, found from the end: a 64 KiB message costs what
+    its trailer block does, not a split of all of it (issue 24). None: one paragraph."""
+    end = pos = len(text)
+    while True:
+        nl = text.rfind("\n", 0, pos)
+        if nl < 0:
+            return None
+        if pos < end and not text[nl + 1 : pos].strip(" \t"):
+            return text[pos + 1 :]
+        pos = nl
 
 
 def trailer_dict(message: str) -> dict[str, str]:

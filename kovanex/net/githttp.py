@@ -242,7 +242,8 @@ class GitHttpServer:
     # -- the JSON API / dashboard hook -----------------------------------------------------
     async def _serve_api(self, ex: Exchange, req: HttpRequest) -> None:
         if self.router is not None and self.router.claims(req.path):
-            req.body = await ex.read_body(MAX_API_BODY)
+            limit = getattr(self.router, "body_bytes", MAX_API_BODY)  # limits.api_body_bytes
+            req.body = await ex.read_body(limit, "limits.api_body_bytes")
             resp = await self.router.handle(req)
             await ex.respond(resp, head_only=req.method == "HEAD")
             return

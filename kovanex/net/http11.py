@@ -147,12 +147,20 @@ class Exchange:
             elif isinstance(ev, h11.ConnectionClosed):
                 raise asyncio.IncompleteReadError(b"", None)
 
-    async def read_body(self, limit: int) -> bytes:
+    async def read_body(self, limit: int, name: str = "") -> bytes:
+        """The whole body, refused with 413 once it passes `limit` (`name`: the setting)."""
         buf = bytearray()
         async for chunk in self.body_chunks():
             buf += chunk
             if len(buf) > limit:
-                raise HttpError(413, f"request body over {limit} bytes")
+                from kovanex.inputlimits import human
+
+                raise HttpError(
+                    413,
+                    f"the request body is over the limit of {human(limit)}"
+                    + (f" ({name})" if name else ""),
+                    "body",
+                )
         return bytes(buf)
 
     async def _send(self, ev: h11.Event) -> None:

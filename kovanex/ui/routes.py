@@ -79,6 +79,7 @@ class UiRouter:
     def __init__(self, agent: Agent, api: ApiRouter) -> None:
         self.a = agent
         self.api = api
+        self.body_bytes = api.body_bytes  # a form or an API body: limits.api_body_bytes
         self.static = _static()
         self.ring = HealthRing(agent.ctx.clock)  # other nodes' gossiped health, kept from now
         agent.cluster.node.subscribe("health", self.ring.on_item)
