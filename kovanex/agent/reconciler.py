@@ -51,13 +51,15 @@ class Reconciler:
         *,
         nudge: Callable[[str, str], None],
         merged: Callable[[str], None],
-        push_timeout_s: float = gitcli.SYNC_PUSH_TIMEOUT_S,
+        idle_s: float = gitcli.REPLICA_FETCH_TIMEOUT_S,
+        transfer_cap_s: float = gitcli.TRANSFER_CAP_S,
     ) -> None:
         self.rt = rt
         self.peers = peers
         self.nudge = nudge  # (owner node, repo): tell the survivor to merge now
         self.merged = merged  # the survivor's branches moved: announce them
-        self.push_timeout_s = push_timeout_s
+        self.idle_s = idle_s  # an offer's push ends after this long without progress
+        self.transfer_cap_s = transfer_cap_s
         self.merges: collections.Counter[str] = collections.Counter()  # per repo, for tests
         self._offered: set[tuple[str, str, str]] = set()  # (repo, owner, lost oid)
 
@@ -87,11 +89,19 @@ class Reconciler:
             return True
         keys = {(repo, o.owner, oid) for oid in offers.values()}
         self._offered |= keys  # claimed now: a tick during the push does not push again
-        args = ["push", "--porcelain", "--no-verify", url]
+        # `--progress` and an idle limit, not a wall one: the tips may carry the largest
+        # object a push may (issue 24: 5 s in all failed every try, and lost tasks stayed
+        # lost); a stalled owner is still given up on after `idle_s` (ADR 0069)
+        args = ["push", "--porcelain", "--progress", "--no-verify", url]
         args += [f"+{oid}:{dst}" for dst, oid in offers.items()]
         try:
             r = await gitcli.run_async(
-                args, git_dir=path, token=self.rt.token, timeout=self.push_timeout_s, check=False
+                args,
+                git_dir=path,
+                token=self.rt.token,
+                timeout=self.transfer_cap_s,
+                idle=self.idle_s,
+                check=False,
             )
             why = "" if r.ok else r.stderr[-300:]
         except GitError as e:

@@ -29,6 +29,7 @@ from kovanex.agent.replica_runtime import Runtime
 from kovanex.gitstate import packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
+from kovanex.gitstate.progress import Progress
 from kovanex.gitstate.refs import STAGING, STAGING_REFS, SYNC_STAGING
 from kovanex.net.http11 import Exchange, HttpError, HttpRequest, HttpResponse
 from kovanex.net.peerhttp import PeerClient, PeerHttpError
@@ -81,6 +82,13 @@ async def split_head(chunks: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator
     return head, tail()
 
 
+async def _marked(chunks: Chunks, progress: Progress | None) -> Chunks:
+    async for chunk in chunks:
+        if progress is not None:
+            progress.mark(len(chunk))
+        yield chunk
+
+
 class ReplicaWire:
     """Both ends of the endpoints above; the agent's HTTP listener calls `handle`."""
 
@@ -125,7 +133,9 @@ class ReplicaWire:
                 async for chunk in packwire.pack(path, wants, known):
                     yield chunk
 
-        await ex.respond(HttpResponse(200, {"Content-Type": "application/x-kovanex-pack"}, body()))
+        # a replica that gave up must not leave its pack-objects running here (issue 24)
+        resp = HttpResponse(200, {"Content-Type": "application/x-kovanex-pack"}, body())
+        await ex.respond_while_connected(resp)
 
     async def _serve_stage(self, ex: Exchange, repo: str) -> HttpResponse:
         head, rest = await split_head(ex.body_chunks())
@@ -157,9 +167,12 @@ class ReplicaWire:
         return _json(200, {"ok": True, "node": self.rt.node})
 
     # -- client ----------------------------------------------------------------------------
-    async def fetch(self, repo: str, base: str, haves: list[str]) -> dict[str, str]:
+    async def fetch(
+        self, repo: str, base: str, haves: list[str], progress: Progress | None = None
+    ) -> dict[str, str]:
         """Fetch from the node at `base` into our staging refs (objects first); the refs it
-        holds. Unsupported: it serves no endpoint; WireError/PeerHttpError/GitError."""
+        holds. `progress` is marked as the answer's bytes arrive (ADR 0068).
+        Unsupported: it serves no endpoint; WireError/PeerHttpError/GitError."""
         path = self.rt.path(repo)
         doc = json.dumps({"haves": haves}).encode()
         async with self.client.request(base, "POST", f"{PREFIX}{repo}/fetch", doc) as resp:
@@ -167,7 +180,7 @@ class ReplicaWire:
                 raise Unsupported(f"{base}: {(await resp.read(4096)).decode(errors='replace')}")
             if resp.status != 200:
                 raise WireError(f"{base}: fetch answered {resp.status}: {await resp.read(4096)!r}")
-            head, rest = await split_head(resp.chunks())
+            head, rest = await split_head(_marked(resp.chunks(), progress))
             refs = {str(r): str(o) for r, o in json.loads(head)["refs"].items()}
             name = await packwire.store(path, rest) if rest is not None else ""
         try:
