@@ -9,6 +9,9 @@
   against the tips the owner believes the replica holds. The replica stores the pack
   (`index-pack --strict`), then moves `refs/kovanex/staging/sync/<ref>` by CAS. If the pack
   does not connect, it answers 409 with its tips and the owner sends again against them.
+- `POST /v1/internal/repl/<repo>/offer` (served by the owner, sent by a deposed owner after
+  a takeover, ADR 0069): one JSON line `{"node", "refs": {reconcile staging ref: oid}}`,
+  then a thin pack of its lost tips; stored like a stage, then merged (ADR 0028).
 
 Why endpoints and not smart HTTP: a `git fetch` was a git client, a remote helper and two
 or three `http-backend` CGIs, and a sync `git push` also ran the replica's hooks, which
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kovanex.agent.replica_runtime import Runtime
@@ -30,12 +33,12 @@ from kovanex.gitstate import packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
 from kovanex.gitstate.progress import Progress
-from kovanex.gitstate.refs import STAGING, STAGING_REFS, SYNC_STAGING
+from kovanex.gitstate.refs import RECONCILE, STAGING, STAGING_REFS, SYNC_STAGING
 from kovanex.net.http11 import Exchange, HttpError, HttpRequest, HttpResponse
 from kovanex.net.peerhttp import PeerClient, PeerHttpError
 
 PREFIX = "/v1/internal/repl/"
-_PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage)$")
+_PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage|offer)$")
 SMART_ONLY_S = 60.0  # a peer without these endpoints gets smart HTTP this long, then we ask again
 MAX_HEAD = 64 * 1024 * 1024  # the JSON line: 10,000 refs are about 1 MB
 _JSON = {"Content-Type": "application/json"}
@@ -95,6 +98,8 @@ class ReplicaWire:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.client = PeerClient(rt.token)
+        # an offer landed (we own the repo): merge it now (ADR 0069); wired by the manager
+        self.on_offered: Callable[[str], None] = lambda repo: None
 
     # -- server ----------------------------------------------------------------------------
     def claims(self, path: str) -> bool:
@@ -110,6 +115,8 @@ class ReplicaWire:
             return
         if op == "fetch":
             await self._serve_fetch(ex, repo)
+        elif op == "offer":
+            await ex.respond(await self._serve_offer(ex, repo))
         else:
             await ex.respond(await self._serve_stage(ex, repo))
 
@@ -164,6 +171,39 @@ class ReplicaWire:
             return _json(409, {"error": e.last_line, "tips": tips})
         finally:
             packwire.unkeep(path, name)
+        return _json(200, {"ok": True, "node": self.rt.node})
+
+    async def _serve_offer(self, ex: Exchange, repo: str) -> HttpResponse:
+        """A deposed owner's lost tips (ADR 0028, 0069): one JSON line `{"node", "refs":
+        {reconcile staging ref: oid}}`, then a thin pack against the tips it believes we
+        hold. Stored (`index-pack`, objects first), then each staging ref set by CAS, then
+        merged. Only the owner takes offers; 409 with our tips if the pack does not
+        connect, so the sender packs again against them."""
+        head, rest = await split_head(ex.body_chunks())
+        try:
+            refs = {str(r): str(o) for r, o in dict(json.loads(head)["refs"]).items()}
+        except (ValueError, KeyError, TypeError) as e:
+            raise HttpError(400, f"bad offer: {e}") from e
+        bad = [r for r in refs if not r.startswith(RECONCILE) or ".." in r]
+        if bad:
+            raise HttpError(400, f"not reconcile staging refs: {bad}")
+        if not self.rt.is_owner(repo):
+            if rest is not None:
+                await packwire.drain(rest)
+            o = self.rt.known.get(repo)
+            return _json(409, {"error": f"not the owner of {repo} (it is {o.owner if o else '?'})"})
+        path = self.rt.path(repo)
+        name = ""
+        try:
+            if rest is not None:
+                name = await packwire.store(path, rest)
+            await self.rt.thread(move_staging, path, refs, "", False)
+        except GitError as e:
+            tips = await self.rt.thread(lambda: sorted(set(refs_of(path).values())))
+            return _json(409, {"error": e.last_line, "tips": tips})
+        finally:
+            packwire.unkeep(path, name)
+        self.on_offered(repo)
         return _json(200, {"ok": True, "node": self.rt.node})
 
     # -- client ----------------------------------------------------------------------------
@@ -226,6 +266,41 @@ class ReplicaWire:
                 return False, str(doc.get("error", f"HTTP {status}"))
             haves = await self.rt.thread(held_objects, path, tips)
             packed = None
+        return False, "unreachable"
+
+    async def offer(
+        self,
+        repo: str,
+        base: str,
+        refs: dict[str, str],
+        haves: list[str],
+        progress: Progress | None = None,
+    ) -> tuple[bool, str]:
+        """Offer lost tips (`refs`: reconcile staging ref -> oid) to the owner at `base`;
+        (taken, why not). `progress` is marked as the pack goes out (ADR 0068). A 409
+        with the owner's tips is answered once more with a pack against those tips.
+        Unsupported: an older owner (use `git push`)."""
+        path = self.rt.path(repo)
+        head = json.dumps({"node": self.rt.node, "refs": refs}).encode()
+        for attempt in (1, 2):
+
+            async def body(haves: list[str] = haves) -> Chunks:
+                yield head + b"\n"
+                packer = packwire.pack(path, list(refs.values()), haves)
+                async for chunk in _marked(packer, progress):
+                    yield chunk
+
+            async with self.client.request(base, "POST", f"{PREFIX}{repo}/offer", body()) as r:
+                doc = json.loads(await r.read(MAX_HEAD) or b"{}")
+                status = r.status
+            if status == 200:
+                return True, ""
+            if status == 404 and "error" not in doc:
+                raise Unsupported(base)
+            tips = [str(t) for t in doc.get("tips", [])] if isinstance(doc, dict) else []
+            if status != 409 or not tips or attempt == 2:
+                return False, str(doc.get("error", f"HTTP {status}"))
+            haves = await self.rt.thread(held_objects, path, tips)
         return False, "unreachable"
 
     async def prepack(
