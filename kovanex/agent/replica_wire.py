@@ -179,14 +179,14 @@ class ReplicaWire:
         hold. Stored (`index-pack`, objects first), then each staging ref set by CAS, then
         merged. Only the owner takes offers; 409 with our tips if the pack does not
         connect, so the sender packs again against them."""
-        head, rest = await split_head(ex.body_chunks())
         try:
+            head, rest = await split_head(ex.body_chunks())
             refs = {str(r): str(o) for r, o in dict(json.loads(head)["refs"]).items()}
-        except (ValueError, KeyError, TypeError) as e:
-            raise HttpError(400, f"bad offer: {e}") from e
+        except (WireError, ValueError, KeyError, TypeError) as e:
+            raise HttpError(400, f"bad offer: {e}", "refs") from e
         bad = [r for r in refs if not r.startswith(RECONCILE) or ".." in r]
         if bad:
-            raise HttpError(400, f"not reconcile staging refs: {bad}")
+            raise HttpError(400, f"not reconcile staging refs ({RECONCILE}...): {bad}", "refs")
         if not self.rt.is_owner(repo):
             if rest is not None:
                 await packwire.drain(rest)
