@@ -181,12 +181,17 @@ class ReplicaWire:
         connect, so the sender packs again against them."""
         try:
             head, rest = await split_head(ex.body_chunks())
-            refs = {str(r): str(o) for r, o in dict(json.loads(head)["refs"]).items()}
-        except (WireError, ValueError, KeyError, TypeError) as e:
+        except WireError as e:
             raise HttpError(400, f"bad offer: {e}", "refs") from e
-        bad = [r for r in refs if not r.startswith(RECONCILE) or ".." in r]
-        if bad:
-            raise HttpError(400, f"not reconcile staging refs ({RECONCILE}...): {bad}", "refs")
+        try:
+            refs = {str(r): str(o) for r, o in dict(json.loads(head)["refs"]).items()}
+            bad = [r for r in refs if not r.startswith(RECONCILE) or ".." in r]
+            if bad:
+                raise ValueError(f"not reconcile staging refs ({RECONCILE}...): {bad}")
+        except (ValueError, KeyError, TypeError) as e:
+            if rest is not None:  # read it all, so the sender gets this answer, not a reset
+                await packwire.drain(rest)
+            raise HttpError(400, f"bad offer: {e}", "refs") from e
         if not self.rt.is_owner(repo):
             if rest is not None:
                 await packwire.drain(rest)
