@@ -15,7 +15,7 @@ from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import startwatch
 from kovanex.core import task as taskcore
-from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
+from kovanex.gitstate.ledger import KeepsChanging, NoSuchTask, decide_and_append
 from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.agent")
@@ -134,6 +134,10 @@ class PlacementDeadline:
                     tr = self._requeue_if_due(key, w, deadline, failure)
                 except KeepsChanging:
                     continue  # busy: the next check looks again
+                except NoSuchTask:  # e.g. a deposed owner's copy kept it under lost/ only:
+                    self.watches.pop(key, None)  # not ours to requeue (it failed each second)
+                    self.failures.pop(key, None)
+                    continue
                 if key not in self.watches:  # it started (or left placed) meanwhile
                     self.failures.pop(key, None)
                     continue

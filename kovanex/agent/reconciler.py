@@ -2,9 +2,10 @@
 
 Two halves, one per side of the healed partition:
 - the deposed side (`offer`): after its resync kept what the new owner lacks under
-  `refs/kovanex/lost/<epoch>/`, it pushes those branch tips to the survivor's
-  `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>` (staging: the hooks accept it, a
-  replica's fetch never mirrors it) and nudges it. No lock is held: it is network I/O.
+  `refs/kovanex/lost/<epoch>/`, it sends those branch tips to the survivor's
+  `refs/kovanex/staging/reconcile/<epoch>/<node>/<ref>` (staging: a replica's fetch never
+  mirrors it), through the survivor's offer endpoint (ADR 0069; `git push` and a nudge
+  for an older agent). No lock is held: it is network I/O.
   A delivered tip is noted under `refs/kovanex/lost/offered/` so that a restart does not
   offer it again (which would revive a branch the owner deleted since).
 - the survivor (`merge_staged`): under the repo lock, local git only, it asks the decider
@@ -23,9 +24,11 @@ import logging
 from collections.abc import Callable
 
 from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.gitstate import gitcli
+from kovanex.agent.replica_wire import ReplicaWire, Unsupported, WireError
+from kovanex.gitstate import gitcli, packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.ledger import TaskLedger
+from kovanex.gitstate.progress import Progress, guard
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.reconcile import reconcile_ref
 from kovanex.gitstate.refs import (
@@ -33,10 +36,12 @@ from kovanex.gitstate.refs import (
     LOST,
     OFFERED,
     RECONCILE,
+    STAGING_REFS,
     offered_ref,
     parse_reconcile_ref,
 )
 from kovanex.gitstate.refs import reconcile_ref as offer_ref
+from kovanex.net.peerhttp import PeerHttpError
 
 log = logging.getLogger("kovanex.replica")
 
@@ -51,13 +56,17 @@ class Reconciler:
         *,
         nudge: Callable[[str, str], None],
         merged: Callable[[str], None],
-        push_timeout_s: float = gitcli.SYNC_PUSH_TIMEOUT_S,
+        idle_s: float = gitcli.REPLICA_FETCH_TIMEOUT_S,
+        transfer_cap_s: float = gitcli.TRANSFER_CAP_S,
+        wire: ReplicaWire | None = None,
     ) -> None:
         self.rt = rt
         self.peers = peers
         self.nudge = nudge  # (owner node, repo): tell the survivor to merge now
         self.merged = merged  # the survivor's branches moved: announce them
-        self.push_timeout_s = push_timeout_s
+        self.idle_s = idle_s  # an offer's push ends after this long without progress
+        self.transfer_cap_s = transfer_cap_s
+        self.wire = wire  # the owner's offer endpoint (ADR 0069); None: git push only
         self.merges: collections.Counter[str] = collections.Counter()  # per repo, for tests
         self._offered: set[tuple[str, str, str]] = set()  # (repo, owner, lost oid)
 
@@ -87,25 +96,54 @@ class Reconciler:
             return True
         keys = {(repo, o.owner, oid) for oid in offers.values()}
         self._offered |= keys  # claimed now: a tick during the push does not push again
-        args = ["push", "--porcelain", "--no-verify", url]
-        args += [f"+{oid}:{dst}" for dst, oid in offers.items()]
-        try:
-            r = await gitcli.run_async(
-                args, git_dir=path, token=self.rt.token, timeout=self.push_timeout_s, check=False
-            )
-            why = "" if r.ok else r.stderr[-300:]
-        except GitError as e:
-            why = e.last_line
+        why = await self._deliver(repo, o.owner, url, offers)
         if why:
             self._offered -= keys
             self.rt.error(f"{repo}: offering diverged tips to {o.owner}: {why}")
             return False
         log.warning("%s: offered %d diverged tips to %s", repo, len(offers), o.owner)
-        self.nudge(o.owner, repo)
+        self.nudge(o.owner, repo)  # the offer endpoint merges at once; a push needs this
         async with self.rt.lock(repo):  # local git only
             for mark in marks:
                 await self.rt.thread(gitcli.update_ref_cas, path, [mark])
         return True
+
+    async def _deliver(self, repo: str, owner: str, url: str, offers: dict[str, str]) -> str:
+        """Send the offers; "" when the owner took them, else why not. Under a deadline
+        that grows with progress, not a wall one: the tips may carry the largest object
+        a push may (issue 24: 5 s in all failed every try, and lost tasks stayed lost);
+        a stalled owner is still given up on after `idle_s` (ADR 0068, 0069). The owner's
+        offer endpoint first (one request, no hooks, the pack kept as sent); `git push`
+        for an older owner."""
+        path = self.rt.path(repo)
+        base = self.peers.base_url(owner)
+        if self.wire is not None and base:
+            staged = await self.rt.thread(packwire.refs_of, path)
+            haves = sorted({oid for r, oid in staged.items() if r.startswith(STAGING_REFS)})
+            progress = Progress(self.idle_s, self.transfer_cap_s)
+            try:
+                ok, why = await guard(
+                    self.wire.offer(repo, base, offers, haves, progress), progress
+                )
+                return "" if ok else why
+            except Unsupported:
+                pass
+            except (WireError, PeerHttpError, GitError, TimeoutError, ValueError) as e:
+                return f"offer endpoint: {e!r}"
+        args = ["push", "--porcelain", "--progress", "--no-verify", url]
+        args += [f"+{oid}:{dst}" for dst, oid in offers.items()]
+        try:
+            r = await gitcli.run_async(
+                args,
+                git_dir=path,
+                token=self.rt.token,
+                timeout=self.transfer_cap_s,
+                idle=self.idle_s,
+                check=False,
+            )
+            return "" if r.ok else r.stderr[-300:]
+        except GitError as e:
+            return e.last_line
 
     # -- the survivor --------------------------------------------------------------------
     async def merge_staged(self, repo: str) -> int:

@@ -93,9 +93,14 @@ class ReplicaManager:
             settle_s=takeover_settle_s,
         )
         self.reconciler = Reconciler(
-            self.rt, self.peers, nudge=self._nudge_owner, merged=self.lag.refs_changed
+            self.rt,
+            self.peers,
+            nudge=self._nudge_owner,
+            merged=self.lag.refs_changed,
+            wire=self.wire,
         )
         self.fetcher.on_resynced = lambda repo: self.rt.spawn(self.reconciler.offer(repo))
+        self.wire.on_offered = lambda repo: self.rt.spawn(self.reconciler.merge_staged(repo))
         self.anti_entropy_s = anti_entropy_s
         self.placement_s = placement_s
         self._unsub: list[Callable[[], None]] = []

@@ -25,6 +25,7 @@ from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, W
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
 from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError
+from kovanex.gitstate.progress import Progress, Stalled, guard
 from kovanex.gitstate.refs import (
     STAGING,
     STAGING_REFS,
@@ -53,13 +54,15 @@ class ReplicaFetcher:
         fetch_timeout_s: float = gitcli.REPLICA_FETCH_TIMEOUT_S,
         clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
         wire: ReplicaWire | None = None,
+        transfer_cap_s: float = gitcli.TRANSFER_CAP_S,
     ) -> None:
         self.rt = rt
         self.peers = peers
         self.lag = lag
         self.install_hooks = install_hooks
         self.fetch_timeout_s = fetch_timeout_s
-        self.clone_timeout_s = clone_timeout_s
+        self.clone_timeout_s = clone_timeout_s  # both: no progress for this long (ADR 0068)
+        self.transfer_cap_s = transfer_cap_s
         self.local_refs: dict[str, dict[str, str]] = {}  # refs after the last apply
         self.fetches: collections.Counter[str] = collections.Counter()  # per repo, for tests
         self.wire = wire  # the owner's fetch endpoint (ADR 0039); None: smart HTTP only
@@ -81,9 +84,9 @@ class ReplicaFetcher:
         t = self._fetchers.get(repo)
         prev: asyncio.Task[None] | None = None
         if t is not None and not t.done():
-            if not restart:
+            if not restart and not t.cancelling():
                 return
-            t.cancel()
+            t.cancel()  # a cancelled one may still be killing its git: the new one waits
             prev = t
         self._fetchers[repo] = asyncio.get_running_loop().create_task(self._run(repo, prev))
 
@@ -198,11 +201,16 @@ class ReplicaFetcher:
             log.info("%s: resyncing from its new owner %s@%d", repo, o.owner, o.epoch)
         target = (o.owner, o.epoch)
         self.fetches[repo] += 1
-        timeout = self.clone_timeout_s if repo in self._fresh else self.fetch_timeout_s
-        if not await self._fetch_wire(repo, o.owner, timeout):
+        idle = self.clone_timeout_s if repo in self._fresh else self.fetch_timeout_s
+        wired = await self._fetch_wire(repo, o.owner, idle)
+        if wired is None:
+            return  # the owner answered and then stalled: smart HTTP would stall as well
+        if not wired:
             try:
-                args = mirror.fetch_args(self.rt.path(repo), url, None)
-                await gitcli.run_async(args, token=self.rt.token, timeout=timeout)
+                args = mirror.fetch_args(self.rt.path(repo), url, None, progress=True)
+                await gitcli.run_async(
+                    args, token=self.rt.token, timeout=self.transfer_cap_s, idle=idle
+                )
             except GitError as e:
                 self.rt.error(f"{repo}: fetch from {url}: {e}")
                 return
@@ -210,9 +218,10 @@ class ReplicaFetcher:
         # (an owner change) never leaves the lock released while a thread moves refs
         await asyncio.shield(self._apply_fetched(repo, target, url))
 
-    async def _fetch_wire(self, repo: str, owner: str, timeout: float) -> bool:
+    async def _fetch_wire(self, repo: str, owner: str, idle: float) -> bool | None:
         """One round trip to the owner's fetch endpoint (ADR 0039); False means use smart
-        HTTP instead (an older owner, or this exchange failed: git fetch is the backstop)."""
+        HTTP instead (an older owner, or this exchange failed: git fetch is the backstop);
+        None: the pack stopped moving for `idle` s (ADR 0068), so the try is over."""
         if self.wire is None or self.rt.clock.monotonic() < self._smart_only.get(owner, 0.0):
             return False
         base = self.peers.base_url(owner)
@@ -221,10 +230,17 @@ class ReplicaFetcher:
         held = self.local_refs.get(repo)
         if held is None or repo in self._fresh:
             held = await self.rt.thread(packwire.refs_of, self.rt.path(repo))
+        progress = Progress(idle, self.transfer_cap_s)
         try:
-            await asyncio.wait_for(self.wire.fetch(repo, base, sorted(set(held.values()))), timeout)
+            await guard(self.wire.fetch(repo, base, sorted(set(held.values())), progress), progress)
         except Unsupported:  # ask again later: the owner may be upgraded meanwhile
             self._smart_only[owner] = self.rt.clock.monotonic() + SMART_ONLY_S
+            return False
+        except Stalled as e:
+            if progress.moved:
+                self.rt.error(f"{repo}: fetch from {owner}: {e}")
+                return None
+            log.info("%s: fetch endpoint of %s: %s; using smart HTTP", repo, owner, e)
             return False
         except (WireError, PeerHttpError, GitError, TimeoutError, ValueError, KeyError) as e:
             log.info("%s: fetch endpoint of %s failed (%r); using smart HTTP", repo, owner, e)

@@ -9,6 +9,9 @@
   against the tips the owner believes the replica holds. The replica stores the pack
   (`index-pack --strict`), then moves `refs/kovanex/staging/sync/<ref>` by CAS. If the pack
   does not connect, it answers 409 with its tips and the owner sends again against them.
+- `POST /v1/internal/repl/<repo>/offer` (served by the owner, sent by a deposed owner after
+  a takeover, ADR 0069): one JSON line `{"node", "refs": {reconcile staging ref: oid}}`,
+  then a thin pack of its lost tips; stored like a stage, then merged (ADR 0028).
 
 Why endpoints and not smart HTTP: a `git fetch` was a git client, a remote helper and two
 or three `http-backend` CGIs, and a sync `git push` also ran the replica's hooks, which
@@ -22,19 +25,20 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kovanex.agent.replica_runtime import Runtime
 from kovanex.gitstate import packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
-from kovanex.gitstate.refs import STAGING, STAGING_REFS, SYNC_STAGING
+from kovanex.gitstate.progress import Progress
+from kovanex.gitstate.refs import RECONCILE, STAGING, STAGING_REFS, SYNC_STAGING
 from kovanex.net.http11 import Exchange, HttpError, HttpRequest, HttpResponse
 from kovanex.net.peerhttp import PeerClient, PeerHttpError
 
 PREFIX = "/v1/internal/repl/"
-_PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage)$")
+_PATH = re.compile(r"^/v1/internal/repl/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/(fetch|stage|offer)$")
 SMART_ONLY_S = 60.0  # a peer without these endpoints gets smart HTTP this long, then we ask again
 MAX_HEAD = 64 * 1024 * 1024  # the JSON line: 10,000 refs are about 1 MB
 _JSON = {"Content-Type": "application/json"}
@@ -81,12 +85,21 @@ async def split_head(chunks: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator
     return head, tail()
 
 
+async def _marked(chunks: Chunks, progress: Progress | None) -> Chunks:
+    async for chunk in chunks:
+        if progress is not None:
+            progress.mark(len(chunk))
+        yield chunk
+
+
 class ReplicaWire:
     """Both ends of the endpoints above; the agent's HTTP listener calls `handle`."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.client = PeerClient(rt.token)
+        # an offer landed (we own the repo): merge it now (ADR 0069); wired by the manager
+        self.on_offered: Callable[[str], None] = lambda repo: None
 
     # -- server ----------------------------------------------------------------------------
     def claims(self, path: str) -> bool:
@@ -102,6 +115,8 @@ class ReplicaWire:
             return
         if op == "fetch":
             await self._serve_fetch(ex, repo)
+        elif op == "offer":
+            await ex.respond(await self._serve_offer(ex, repo))
         else:
             await ex.respond(await self._serve_stage(ex, repo))
 
@@ -125,7 +140,9 @@ class ReplicaWire:
                 async for chunk in packwire.pack(path, wants, known):
                     yield chunk
 
-        await ex.respond(HttpResponse(200, {"Content-Type": "application/x-kovanex-pack"}, body()))
+        # a replica that gave up must not leave its pack-objects running here (issue 24)
+        resp = HttpResponse(200, {"Content-Type": "application/x-kovanex-pack"}, body())
+        await ex.respond_while_connected(resp)
 
     async def _serve_stage(self, ex: Exchange, repo: str) -> HttpResponse:
         head, rest = await split_head(ex.body_chunks())
@@ -156,10 +173,51 @@ class ReplicaWire:
             packwire.unkeep(path, name)
         return _json(200, {"ok": True, "node": self.rt.node})
 
+    async def _serve_offer(self, ex: Exchange, repo: str) -> HttpResponse:
+        """A deposed owner's lost tips (ADR 0028, 0069): one JSON line `{"node", "refs":
+        {reconcile staging ref: oid}}`, then a thin pack against the tips it believes we
+        hold. Stored (`index-pack`, objects first), then each staging ref set by CAS, then
+        merged. Only the owner takes offers; 409 with our tips if the pack does not
+        connect, so the sender packs again against them."""
+        try:
+            head, rest = await split_head(ex.body_chunks())
+        except WireError as e:
+            raise HttpError(400, f"bad offer: {e}", "refs") from e
+        try:
+            refs = {str(r): str(o) for r, o in dict(json.loads(head)["refs"]).items()}
+            bad = [r for r in refs if not r.startswith(RECONCILE) or ".." in r]
+            if bad:
+                raise ValueError(f"not reconcile staging refs ({RECONCILE}...): {bad}")
+        except (ValueError, KeyError, TypeError) as e:
+            if rest is not None:  # read it all, so the sender gets this answer, not a reset
+                await packwire.drain(rest)
+            raise HttpError(400, f"bad offer: {e}", "refs") from e
+        if not self.rt.is_owner(repo):
+            if rest is not None:
+                await packwire.drain(rest)
+            o = self.rt.known.get(repo)
+            return _json(409, {"error": f"not the owner of {repo} (it is {o.owner if o else '?'})"})
+        path = self.rt.path(repo)
+        name = ""
+        try:
+            if rest is not None:
+                name = await packwire.store(path, rest)
+            await self.rt.thread(move_staging, path, refs, "", False)
+        except GitError as e:
+            tips = await self.rt.thread(lambda: sorted(set(refs_of(path).values())))
+            return _json(409, {"error": e.last_line, "tips": tips})
+        finally:
+            packwire.unkeep(path, name)
+        self.on_offered(repo)
+        return _json(200, {"ok": True, "node": self.rt.node})
+
     # -- client ----------------------------------------------------------------------------
-    async def fetch(self, repo: str, base: str, haves: list[str]) -> dict[str, str]:
+    async def fetch(
+        self, repo: str, base: str, haves: list[str], progress: Progress | None = None
+    ) -> dict[str, str]:
         """Fetch from the node at `base` into our staging refs (objects first); the refs it
-        holds. Unsupported: it serves no endpoint; WireError/PeerHttpError/GitError."""
+        holds. `progress` is marked as the answer's bytes arrive (ADR 0068).
+        Unsupported: it serves no endpoint; WireError/PeerHttpError/GitError."""
         path = self.rt.path(repo)
         doc = json.dumps({"haves": haves}).encode()
         async with self.client.request(base, "POST", f"{PREFIX}{repo}/fetch", doc) as resp:
@@ -167,7 +225,7 @@ class ReplicaWire:
                 raise Unsupported(f"{base}: {(await resp.read(4096)).decode(errors='replace')}")
             if resp.status != 200:
                 raise WireError(f"{base}: fetch answered {resp.status}: {await resp.read(4096)!r}")
-            head, rest = await split_head(resp.chunks())
+            head, rest = await split_head(_marked(resp.chunks(), progress))
             refs = {str(r): str(o) for r, o in json.loads(head)["refs"].items()}
             name = await packwire.store(path, rest) if rest is not None else ""
         try:
@@ -213,6 +271,41 @@ class ReplicaWire:
                 return False, str(doc.get("error", f"HTTP {status}"))
             haves = await self.rt.thread(held_objects, path, tips)
             packed = None
+        return False, "unreachable"
+
+    async def offer(
+        self,
+        repo: str,
+        base: str,
+        refs: dict[str, str],
+        haves: list[str],
+        progress: Progress | None = None,
+    ) -> tuple[bool, str]:
+        """Offer lost tips (`refs`: reconcile staging ref -> oid) to the owner at `base`;
+        (taken, why not). `progress` is marked as the pack goes out (ADR 0068). A 409
+        with the owner's tips is answered once more with a pack against those tips.
+        Unsupported: an older owner (use `git push`)."""
+        path = self.rt.path(repo)
+        head = json.dumps({"node": self.rt.node, "refs": refs}).encode()
+        for attempt in (1, 2):
+
+            async def body(haves: list[str] = haves) -> Chunks:
+                yield head + b"\n"
+                packer = packwire.pack(path, list(refs.values()), haves)
+                async for chunk in _marked(packer, progress):
+                    yield chunk
+
+            async with self.client.request(base, "POST", f"{PREFIX}{repo}/offer", body()) as r:
+                doc = json.loads(await r.read(MAX_HEAD) or b"{}")
+                status = r.status
+            if status == 200:
+                return True, ""
+            if status == 404 and "error" not in doc:
+                raise Unsupported(base)
+            tips = [str(t) for t in doc.get("tips", [])] if isinstance(doc, dict) else []
+            if status != 409 or not tips or attempt == 2:
+                return False, str(doc.get("error", f"HTTP {status}"))
+            haves = await self.rt.thread(held_objects, path, tips)
         return False, "unreachable"
 
     async def prepack(

@@ -40,8 +40,13 @@ ZERO = "0" * 40
 LOCAL_TIMEOUT_S = 60.0
 CHECKOUT_TIMEOUT_S = 600.0  # worktree add / add -A on a big tree
 NETWORK_TIMEOUT_S = 300.0
-REPLICA_FETCH_TIMEOUT_S = 15.0
+REPLICA_FETCH_TIMEOUT_S = 15.0  # with progress: no byte for this long (ADR 0068)
 REPLICA_CLONE_TIMEOUT_S = 120.0
+TRANSFER_CAP_S = 1800.0  # a transfer that keeps moving still ends after this (ADR 0068)
+# What packs we serve are made with: an object above this is streamed, never delta'd nor
+# read whole into memory, so its bytes start flowing at once (a 300 MB blob held a
+# pack-objects at 1.2 GiB RSS, silent for as long as it deflated: issue 24).
+PACK_CONFIG = (("core.bigFileThreshold", "16m"),)
 SYNC_PUSH_TIMEOUT_S = 5.0
 KILL_GRACE_S = 1.0  # SIGTERM (git removes its lock files), then SIGKILL
 
@@ -86,8 +91,8 @@ class GitError(Exception):
 class GitTimeout(GitError):
     """git did not finish within its timeout and was killed."""
 
-    def __init__(self, args: Iterable[str], timeout: float) -> None:
-        super().__init__(args, 124, f"timed out after {timeout}s")
+    def __init__(self, args: Iterable[str], timeout: float, why: str = "") -> None:
+        super().__init__(args, 124, why or f"timed out after {timeout}s")
         self.timeout = timeout
 
 
@@ -194,10 +199,16 @@ async def run_async(
     token: str | None = None,
     env_extra: Mapping[str, str] | None = None,
     check: bool = True,
+    idle: float | None = None,
 ) -> Result:
     """`run` for the event loop: no thread, and cancelling the caller (or the timeout)
-    terminates git's whole process group (git-remote-http included) before returning."""
+    terminates git's whole process group (git-remote-http included) before returning.
+    `idle`: the deadline grows with progress (ADR 0068): git is ended when it wrote
+    nothing (stdout or stderr: pass `--progress`) for `idle` seconds, and `timeout` is
+    then the cap on the whole call."""
     import asyncio
+
+    from kovanex.gitstate.progress import Progress, Stalled, guard
 
     argv = _argv(args, git_dir)
     proc = await asyncio.create_subprocess_exec(
@@ -211,8 +222,38 @@ async def run_async(
         start_new_session=True,
     )
     data = input.encode() if input is not None else None
+    progress = Progress(idle, timeout) if idle is not None else None
+    out, err = bytearray(), bytearray()
+
+    async def pump(stream: asyncio.StreamReader, buf: bytearray) -> None:
+        while chunk := await stream.read(64 * 1024):
+            buf += chunk
+            if progress is not None:
+                progress.mark(len(chunk))
+
+    async def feed() -> None:
+        if data is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # git stopped reading: its exit code says why
+        proc.stdin.close()
+
+    async def talk() -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        await asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err))
+        await proc.wait()
+
     try:
-        out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+        if progress is None:
+            await asyncio.wait_for(talk(), timeout)
+        else:
+            await guard(talk(), progress)
+    except Stalled as e:
+        await _terminate(proc)
+        raise GitTimeout(argv, timeout, str(e)) from None
     except TimeoutError:
         await _terminate(proc)
         raise GitTimeout(argv, timeout) from None

@@ -76,9 +76,13 @@ def _check_ref(ref: str) -> None:
         raise ValueError(f"not a ref we mirror: {ref!r}")
 
 
-def fetch_args(local_repo: Path, url: str, refs: list[str] | None) -> list[str]:
+def fetch_args(
+    local_repo: Path, url: str, refs: list[str] | None, *, progress: bool = False
+) -> list[str]:
     """The git arguments that fetch `refs` (None: every ref but the remote's staging) from
-    `url` into `local_repo`'s staging refs; `[]` when there is nothing to fetch."""
+    `url` into `local_repo`'s staging refs; `[]` when there is nothing to fetch.
+    `progress`: git reports on stderr as bytes arrive (for a deadline that grows with
+    them, `gitcli.run_async(idle=...)`), instead of `--quiet`."""
     if refs is not None:
         for r in refs:
             _check_ref(r)
@@ -91,7 +95,7 @@ def fetch_args(local_repo: Path, url: str, refs: list[str] | None) -> list[str]:
     return [
         "--git-dir", str(local_repo),
         "-c", "transfer.fsckObjects=true",
-        "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
+        "fetch", "--progress" if progress else "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
         "--no-recurse-submodules", *opts, url, *specs,
     ]  # fmt: skip
 

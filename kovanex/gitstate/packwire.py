@@ -34,10 +34,13 @@ KEEP_MSG = "kovanex-replica"
 
 
 async def _spawn(
-    args: list[str], git_dir: Path, env_extra: Mapping[str, str] | None
+    args: list[str],
+    git_dir: Path,
+    env_extra: Mapping[str, str] | None,
+    config: Iterable[tuple[str, str]] = (),
 ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *gitcli.command(args, git_dir=git_dir),
+        *gitcli.command(args, git_dir=git_dir, config=config),
         env=gitcli.env(None, env_extra),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -69,6 +72,7 @@ async def pack(
         ["pack-objects", "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
         git_dir,
         env_extra,
+        gitcli.PACK_CONFIG,  # a big object streams out at once (ADR 0068)
     )
     assert proc.stdin and proc.stdout and proc.stderr
     try:

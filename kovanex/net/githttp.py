@@ -21,6 +21,7 @@ import inspect
 import logging
 import os
 import re
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -28,6 +29,7 @@ from urllib.parse import parse_qs
 
 import h11
 
+from kovanex.gitstate.gitcli import PACK_CONFIG
 from kovanex.gitstate.refs import HIDDEN, PUSH_VIA
 from kovanex.net.http11 import (
     IO_CHUNK,
@@ -140,8 +142,7 @@ class GitHttpServer:
         if self._server is not None:
             self._server.close()
         for proc in list(self._procs):
-            if proc.returncode is None:
-                proc.kill()
+            _kill_group(proc)
         for task in list(self._conns):
             task.cancel()
         if self._conns:
@@ -277,7 +278,7 @@ class GitHttpServer:
         addr = req.peer
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
         n = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
-        config = [("http.receivepack", "true"), ("http.uploadpack", "true")]
+        config = [("http.receivepack", "true"), ("http.uploadpack", "true"), *PACK_CONFIG]
         if unhide:  # the last matching hideRefs line wins: "!" exposes what the repo hides
             config += [("uploadpack.hideRefs", "!" + prefix) for prefix in HIDDEN]
         for key, val in config:
@@ -321,6 +322,12 @@ class GitHttpServer:
     async def _cgi(
         self, ex: Exchange, req: HttpRequest, path_info: str, user: str, unhide: bool = False
     ) -> None:
+        """Run http-backend for one request. It leads its own process group: when a
+        fetching client goes, its upload-pack and pack-objects go with it, at once (issue
+        24: each fetch a replica gave up on left them running, at 1.2 GiB and 50-80% CPU
+        each). A push is left to finish as before: killing receive-pack mid-update could
+        leave ref locks behind, or skip the hook that tells the agent."""
+        fetching = "upload-pack" in path_info or "upload-pack" in req.query
         proc = await asyncio.create_subprocess_exec(
             self.git,
             "http-backend",
@@ -329,17 +336,20 @@ class GitHttpServer:
             stderr=asyncio.subprocess.PIPE,
             env=self._cgi_env(req, path_info, user, unhide),
             cwd=str(self.repos_dir),
+            start_new_session=True,
         )
         self._procs.add(proc)
         assert proc.stdin and proc.stdout and proc.stderr
+        stdout = proc.stdout
         clean = False
         feed = asyncio.create_task(self._feed(ex, proc.stdin))
         errs = asyncio.create_task(_drain_log(proc.stderr))
-        try:
-            status, headers = await _cgi_head(proc.stdout)
+
+        async def answer() -> None:
+            status, headers = await _cgi_head(stdout)
             code, _, _reason = status.partition(" ")
             await ex.start_response(int(code), headers)
-            while chunk := await proc.stdout.read(IO_CHUNK):
+            while chunk := await stdout.read(IO_CHUNK):
                 if req.method != "HEAD":
                     await ex.send_data(chunk)
             try:
@@ -347,20 +357,42 @@ class GitHttpServer:
             except HttpError as e:  # the head is out already: all we can do is log and close
                 log.warning("githttp: bad request body: %s", e)
             await ex.end_response()
+
+        async def gone() -> None:
+            await asyncio.wait({feed})  # their body is in: what comes now is a hang-up
+            if not fetching:
+                await asyncio.Event().wait()  # a push notices a gone client as it writes
+            await ex.hangup()
+
+        answering = asyncio.create_task(answer())
+        watching = asyncio.create_task(gone())
+        try:
+            await asyncio.wait({answering, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if not answering.done():
+                raise ConnectionResetError("the client went away")
+            answering.result()
             clean = True
         finally:
+            for t in (answering, watching):
+                t.cancel()
+            await asyncio.gather(answering, watching, return_exceptions=True)
             if not feed.done():
                 feed.cancel()
             if proc.returncode is None:
-                # On a client hang-up nobody reads http-backend's output: end it now. After a
-                # clean response it is exiting anyway; the timeout only guards a wedged child.
+                # On a client hang-up nobody reads http-backend's output: end its group now.
+                # After a clean response it is exiting anyway; the timeout only guards a
+                # wedged child.
                 try:
-                    if not clean:
+                    if not clean and fetching:
+                        _kill_group(proc)
+                    elif not clean:
                         proc.kill()
                     await asyncio.wait_for(proc.wait(), 5.0)
                 except TimeoutError:
-                    proc.kill()
+                    _kill_group(proc)
                     await proc.wait()
+            elif not clean and fetching:
+                _kill_group(proc)  # the leader is gone: its children may not be
             await asyncio.gather(feed, errs, return_exceptions=True)
             self._procs.discard(proc)
 
@@ -377,6 +409,14 @@ class GitHttpServer:
 
 
 # -- helpers -----------------------------------------------------------------------------
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL http-backend's whole group (it leads one): upload-pack, pack-objects."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _settled(ex: Exchange) -> bool:
     """Can the connection take another request? A bodiless request the handler never
     read to its end is finished here; one with an unread body means closing."""

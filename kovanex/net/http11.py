@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import unquote
 
 import h11
@@ -44,6 +45,7 @@ REASONS = {
 }
 
 Body = bytes | AsyncIterator[bytes]
+T = TypeVar("T")
 
 
 class HttpError(Exception):
@@ -209,6 +211,45 @@ class Exchange:
                 async for chunk in resp.body:
                     await self.send_data(chunk)
         await self.end_response()
+
+    async def hangup(self) -> None:
+        """Return when the client has gone (EOF or reset). Call it only once their request
+        is read to its end: bytes that still come (a pipelined next request) go to h11
+        unchanged. Why: a response that stays silent for long (a pack being made) would
+        notice a gone client only at its next write, and its work ran on until then."""
+        while True:
+            try:
+                data = await self.reader.read(IO_CHUNK)
+            except (ConnectionError, OSError):
+                return
+            if not data:
+                return
+            self.conn.receive_data(data)
+
+    async def while_connected(self, work: Awaitable[T]) -> T:
+        """Await `work` (the request body already read); if the client goes first, cancel
+        it (its cleanup ends what it started) and raise ConnectionResetError."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(self.hangup())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise ConnectionResetError("the client went away")
+        finally:
+            for t in (task, gone):
+                t.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
+
+    async def respond_while_connected(self, resp: HttpResponse) -> None:
+        """`respond`, ended the moment the client goes; a streamed body is closed either
+        way, so the process behind it is killed at once, not at its next write."""
+        try:
+            await self.while_connected(self.respond(resp))
+        finally:
+            aclose = getattr(resp.body, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def error(self, status: int, message: str, field_name: str | None = None) -> None:
         """A JSON error, when the state machine still lets us answer; then close."""
