@@ -155,6 +155,8 @@ class NodeConfig:
     units_pids_max: int = 512
     units_memory_mb: int = 0
     units_snapshot_mb: int = 50
+    # a task's work dir, HOME and tmp together (a tmpfs of this size, ADR 0074); 0: no cap
+    units_disk_mb: int = 1024
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(
@@ -205,6 +207,7 @@ class NodeConfig:
         lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
         lines += [f"pids_max = {self.units_pids_max}", f"snapshot_mb = {self.units_snapshot_mb}"]
         lines += [f"memory_mb = {self.units_memory_mb}  # 0: the node's memory / runner_slots"]
+        lines += [f"disk_mb = {self.units_disk_mb}  # per task: work dir, HOME and tmp"]
         if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
             lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
             lines += [f"every = {_q(self.maintenance_every)}"]
@@ -256,6 +259,7 @@ class NodeConfig:
             units_pids_max=_count(doc.get("units", {}), "pids_max", 512, path),
             units_memory_mb=_count(doc.get("units", {}), "memory_mb", 0, path),
             units_snapshot_mb=_count(doc.get("units", {}), "snapshot_mb", 50, path),
+            units_disk_mb=_count(doc.get("units", {}), "disk_mb", 1024, path),
             limits=_limits(doc.get("limits", {}), path),
             scaling=_scaling(doc.get("scaling", {}), path),
             log_format=str(doc.get("log", {}).get("format", "text")),

@@ -1,8 +1,12 @@
-"""A compute unit's own clone of a repo: filled, checked out and snapshotted as the unit.
+"""A task's own clone of its repo in a compute unit: filled, checked out and snapshotted
+as the unit.
 
 The clone is a plain repository (a real `.git` dir, no alternates, no link into the
-node dir), so git works inside a step with no access to the node. It is kept per
-unit and repo across tasks; each task brings only the objects the clone lacks.
+node dir), so git works inside a step with no access to the node. It lives in the
+task's dirs (taskdirs.py) and goes with them when the task ends: the first prepare of
+a task fills a fresh `git init` from a pack the node made, which index-pack re-hashes
+object by object, so no object a step of an earlier task wrote is ever checked out
+(ADR 0073). Later steps of the same task reuse the clone and get what it lacks.
 
 The agent runs as root but never runs git inside the clone, nor opens a file in it:
 a step owns that `.git` and could plant `core.fsmonitor`, hooks, filters or a
@@ -25,6 +29,7 @@ from typing import BinaryIO
 import pygit2
 
 from kovanex.gitstate import gitcli
+from kovanex.runner import taskdirs
 from kovanex.runner.units import Unit
 from kovanex.runner.worktree import NODE_GIT_CONFIG, WorktreeError
 
@@ -77,13 +82,17 @@ _have: dict[tuple[str, str], str] = {}  # (clone dir, bare repo) -> commit the c
 
 
 def clone_path(unit: Unit, repo: str) -> Path:
-    return unit.path / "src" / repo
+    return taskdirs.work_dir(unit, repo)
+
+
+def _home(unit: Unit) -> Path:
+    return taskdirs.task_root(unit) / "home"
 
 
 def _unit_env(unit: Unit) -> dict[str, str]:
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(unit.path),
+        "HOME": str(_home(unit)),
         "LANG": "C.UTF-8",
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -170,6 +179,8 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     bare = bare.absolute()
     commit = checkout_of(pygit2.Repository(str(bare)), commit)
     dest = clone_path(unit, repo)
+    if not dest.parent.is_dir():
+        raise WorktreeError(f"prepare {dest}: no task is open in unit {unit.user}")
     key = (str(dest), str(bare))
     with _have_lock:
         have = _have.pop(key, None)
@@ -183,7 +194,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 env=_unit_env(unit),
-                cwd=unit.path,
+                cwd=_home(unit),
             )
             p_rc, c_rc, err = 0, r.returncode, r.stderr.decode(errors="replace")
         else:
@@ -194,7 +205,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 None,
                 _as_unit(unit, _PREPARE, str(dest), commit, mode, "pack"),
                 _unit_env(unit),
-                unit.path,
+                _home(unit),
                 revs,
             )
         if p_rc == 0 and c_rc == 0:
