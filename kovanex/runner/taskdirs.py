@@ -101,8 +101,7 @@ def close_task(unit: Unit) -> None:
         _rmtree(root)
     with contextlib.suppress(FileNotFoundError):
         (unit.path / "fstab").unlink()
-    if not namespace_works():
-        sweep_shared(unit.uid)
+    sweep_shared(unit.uid, None if not namespace_works() else _hidden_by(unit))
 
 
 def clear_unit(unit: Unit) -> None:
@@ -129,13 +128,10 @@ def open_task(unit: Unit, repo: str, disk_mb: int = 0) -> TaskDirs:
         os.mkdir(d, 0o700)
         os.chown(d, unit.uid, unit.gid)
     if namespace_works():
-        # a target above the task's root (units under /var/tmp) goes last: bound
-        # earlier, it would hide the sources of the binds after it
-        binds = sorted(_BINDS, key=lambda b: root.is_relative_to(b[1]))
         lines = [
             f"{_fstab_path(root / src)} {dst} none bind 0 0"
-            for src, dst in binds
-            if os.path.isdir(dst)
+            for src, dst in _BINDS
+            if dst not in _hidden_by(unit) and os.path.isdir(dst)
         ]
         fstab = unit.path / "fstab"
         fd = os.open(fstab, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -234,11 +230,18 @@ def _usage(root: Path) -> int:
     return total
 
 
-def sweep_shared(uid: int) -> int:
-    """Where no namespace gives a task its own /tmp: delete what the unit's uid left in
-    the shared temp dirs (no unit process is alive to race with); returns how many."""
+def _hidden_by(unit: Unit) -> set[str]:
+    """Bind targets above the unit's path (units under /var/tmp): bound, they would hide
+    the task's own dirs from its step, so they stay shared and are swept instead."""
+    return {dst for _, dst in _BINDS if unit.path.is_relative_to(dst)}
+
+
+def sweep_shared(uid: int, dirs: set[str] | None = None) -> int:
+    """Where no namespace gives a task its own /tmp (or /var/tmp, see _hidden_by): delete
+    what the unit's uid left there (no unit process is alive to race with); returns how
+    many. `dirs` None: all of /tmp, /var/tmp and /dev/shm."""
     n = 0
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+    for d in sorted(dirs if dirs is not None else {dst for _, dst in _BINDS}):
         with contextlib.suppress(OSError):
             for entry in os.scandir(d):
                 with contextlib.suppress(OSError):
