@@ -27,6 +27,12 @@ from kovanex.runner import unitrepo
 from kovanex.runner import units as unitsmod
 from kovanex.runner.process import run_step
 
+try:
+    from kovanex.runner import taskdirs
+except ImportError:  # the code before per-task state
+    taskdirs = None  # type: ignore[assignment]
+DISK_MB = 1024  # [units] disk_mb's default: the task's dirs are a tmpfs of this size
+
 PHASES = ("open", "prepare", "run", "snapshot", "close")
 
 
@@ -37,8 +43,7 @@ def _cpu() -> float:
 
 async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict[str, float]:
     t = [time.perf_counter()]
-    opened = getattr(unitsmod, "open_task", None)  # absent before per-task state
-    dirs = opened(unit, "demo") if opened else None
+    dirs = taskdirs.open_task(unit, "demo", DISK_MB) if taskdirs else None
     t.append(time.perf_counter())
     clone = await asyncio.to_thread(unitrepo.prepare, bare, commit, unit, "demo")
     t.append(time.perf_counter())
@@ -56,8 +61,9 @@ async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict
     t.append(time.perf_counter())
     await asyncio.to_thread(unitrepo.snapshot, clone, unit, bare, commit)
     t.append(time.perf_counter())
-    if dirs:
-        await asyncio.to_thread(unitsmod.close_task, unit)
+    if taskdirs:
+        taskdirs.close_task(unit)  # inline, as the executor does
+        unitrepo.forget(unit, "demo", bare)
     t.append(time.perf_counter())
     return {p: (t[i + 1] - t[i]) * 1000 for i, p in enumerate(PHASES)}
 
@@ -85,7 +91,7 @@ async def main(tasks: int) -> None:
         unitsmod.remove(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = [[p, f"{pct(s, 50):.2f}", f"{pct(s, 95):.2f}"] for p, s in samples.items()]
-    per_task = "per-task dirs" if hasattr(unitsmod, "open_task") else "clone reuse"
+    per_task = "per-task dirs" if taskdirs else "clone reuse"
     print(
         f"unit task cost ({per_task}), {tasks} tasks, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}; CPU {cpu:.2f} ms/task (agent + children)"

@@ -66,6 +66,7 @@ def work_dir(unit: Unit, repo: str) -> Path:
     return task_root(unit) / "src" / repo
 
 
+@functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -95,7 +96,9 @@ def close_task(unit: Unit) -> None:
     """Remove the task's dirs (and anything a crashed agent left): the next task, of any
     repo, finds nothing. Call only when no step of the unit runs (steps end killed)."""
     root = task_root(unit)
-    while _is_mount(root):
+    for _ in range(8):  # stacked mounts (a crash between mount and umount), bounded
+        if not _is_mount(root):
+            break
         _umount(root)
     if root.exists() or root.is_symlink():
         _rmtree(root)

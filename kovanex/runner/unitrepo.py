@@ -18,8 +18,10 @@ node -> unit `pack-objects | index-pack` before a task, unit -> node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -184,6 +186,11 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     key = (str(dest), str(bare))
     with _have_lock:
         have = _have.pop(key, None)
+    if not have and dest.is_dir() and not os.listdir(dest):  # as open_task made it
+        _fill(bare, commit, dest, unit)
+        with _have_lock:
+            _have[key] = commit
+        return dest
     for fresh in (False, True) if have else (True,):
         mode = "fresh" if fresh else "reuse"
         if not fresh and have == commit:
@@ -213,6 +220,49 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 _have[key] = commit
             return dest
     raise WorktreeError(f"prepare unit clone {dest} at {commit}: {err.strip()}")
+
+
+def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
+    """A task's first checkout, in a dir no unit process has seen (taskdirs.open_task).
+
+    Root may write there until the unit first runs: the repo skeleton (pygit2, no exec)
+    and a pack of the node's own objects, indexed (index-pack re-hashes every object),
+    are handed to the unit, which checks out (setpriv + git: no shell, no init, no
+    clean). Nothing an earlier task wrote is read: its dirs are gone."""
+    try:
+        os.lchown(dest, 0, 0)  # libgit2 inits only a dir its user owns; back to the unit below
+        pygit2.init_repository(str(dest))
+        git_dir = dest / ".git"
+        for p in ("hooks", "info", "description"):
+            shutil.rmtree(git_dir / p, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                (git_dir / p).unlink()
+        p_rc, c_rc, _, err = _pipe(
+            _node_git(bare, "pack-objects", "--revs", "--stdout", "-q"),
+            _node_env(),
+            None,
+            gitcli.command(["index-pack", "--stdin"], git_dir=git_dir, config=NODE_GIT_CONFIG),
+            _node_env(),
+            dest,
+            f"{commit}\n",
+        )
+        if p_rc or c_rc:
+            raise WorktreeError(f"pack {commit} of {bare} into {dest}: {err.strip()}")
+        os.lchown(dest, unit.uid, unit.gid)
+        for top, dirs, files in os.walk(dest):
+            for name in dirs + files:
+                os.lchown(os.path.join(top, name), unit.uid, unit.gid)
+    except OSError as e:
+        raise WorktreeError(f"prepare {dest}: {e}") from e
+    out = subprocess.run(
+        [*unit.drop_argv(), "git", "checkout", "-q", "--force", "--detach", commit],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=_unit_env(unit),
+        cwd=dest,
+    )
+    if out.returncode != 0:
+        raise WorktreeError(f"checkout {commit} in {dest}: {out.stderr.decode().strip()}")
 
 
 class SnapshotTooLarge(WorktreeError):
