@@ -27,8 +27,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import md_table, pct
-from kovanex.runner import Limits
-from kovanex.runner import taskdirs
+from kovanex.runner import Limits, taskdirs
 from kovanex.runner import units as unitsmod
 from kovanex.runner.process import run_step
 
