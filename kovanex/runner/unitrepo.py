@@ -225,10 +225,11 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
 def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
     """A task's first checkout, in a dir no unit process has seen (taskdirs.open_task).
 
-    Root may write there until the unit first runs: the repo skeleton (pygit2, no exec)
-    and a pack of the node's own objects, indexed (index-pack re-hashes every object),
-    are handed to the unit, which checks out (setpriv + git: no shell, no init, no
-    clean). Nothing an earlier task wrote is read: its dirs are gone."""
+    Root may write there until the unit first runs: the repo skeleton and a pack of the
+    commit's history from the node's own objects (pygit2 in-process, no exec; libgit2's
+    indexer hashes each object it indexes) are handed to the unit, which checks out
+    (setpriv + git: no shell, no init, no clean). Nothing an earlier task wrote is read:
+    its dirs are gone."""
     try:
         os.lchown(dest, 0, 0)  # libgit2 inits only a dir its user owns; back to the unit below
         pygit2.init_repository(str(dest))
@@ -237,17 +238,7 @@ def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
             shutil.rmtree(git_dir / p, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 (git_dir / p).unlink()
-        p_rc, c_rc, _, err = _pipe(
-            _node_git(bare, "pack-objects", "--revs", "--stdout", "-q"),
-            _node_env(),
-            None,
-            gitcli.command(["index-pack", "--stdin"], git_dir=git_dir, config=NODE_GIT_CONFIG),
-            _node_env(),
-            dest,
-            f"{commit}\n",
-        )
-        if p_rc or c_rc:
-            raise WorktreeError(f"pack {commit} of {bare} into {dest}: {err.strip()}")
+        _pack_history(bare, commit, git_dir / "objects" / "pack")
         os.lchown(dest, unit.uid, unit.gid)
         for top, dirs, files in os.walk(dest):
             for name in dirs + files:
@@ -263,6 +254,17 @@ def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
     )
     if out.returncode != 0:
         raise WorktreeError(f"checkout {commit} in {dest}: {out.stderr.decode().strip()}")
+
+
+def _pack_history(bare: Path, commit: str, pack_dir: Path) -> None:
+    """Every object reachable from `commit` in the node's repo, as one pack + index in
+    `pack_dir` (what `pack-objects --revs` would send; a tree seen once is not walked
+    again)."""
+    store = pygit2.Repository(str(bare))
+    builder = pygit2.PackBuilder(store)
+    for c in store.walk(pygit2.Oid(hex=commit)):
+        builder.add_recur(c.id)
+    builder.write(str(pack_dir))
 
 
 class SnapshotTooLarge(WorktreeError):
