@@ -367,7 +367,7 @@ def test_within_a_task_the_clone_is_reused_and_a_new_task_starts_from_a_fresh_pa
     """Issue 11 within a task: a later step's prepare at a commit the task's clone holds
     gets no pack (no node git at all), and a step that changed nothing sends none back.
     Issue 22 across tasks: the next task, at the very same commit, never reuses that
-    clone: its tree comes from a fresh pack the node made (ADR 0073).
+    clone: its tree comes from a fresh pack of the node's own objects (ADR 0073).
     The node's git is the real one behind a wrapper that records each run."""
     bare, head = _bare_with_commit(tmp_path)
     u = units[0]
@@ -380,10 +380,12 @@ def test_within_a_task_the_clone_is_reused_and_a_new_task_starts_from_a_fresh_pa
     monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
     base_tree = git("--git-dir", str(bare), "rev-parse", f"{head}^{{tree}}").stdout.strip()
 
+    calls.write_text("")
     taskdirs.open_task(u, "demo")
     clone = unitrepo.prepare(bare, head, u, "demo")
-    assert "pack-objects" in calls.read_text(), "the first prepare fills the clone"
-    calls.write_text("")
+    packs = list((clone / ".git" / "objects" / "pack").glob("*.pack"))
+    assert len(packs) == 1 and os.stat(packs[0]).st_uid == u.uid, "one pack, the unit's"
+    assert calls.read_text() == "", "the first prepare packs in-process, no node git"
     subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "echo junk > a.txt"], cwd=clone, check=True)
     assert unitrepo.prepare(bare, head, u, "demo") == clone
     assert calls.read_text() == "", "the task's clone held the commit: no pack was made"
@@ -414,9 +416,9 @@ def test_within_a_task_the_clone_is_reused_and_a_new_task_starts_from_a_fresh_pa
     unitrepo.forget(u, "demo", bare)
     assert not clone.exists(), "the task's clone goes with the task"
     taskdirs.open_task(u, "demo")
-    calls.write_text("")
     assert unitrepo.prepare(bare, head, u, "demo") == clone
-    assert "pack-objects" in calls.read_text(), "a new task's clone is filled from the node"
+    packs = list((clone / ".git" / "objects" / "pack").glob("*.pack"))
+    assert len(packs) == 1, "a new task's clone is filled afresh from the node's objects"
     assert not (clone / ".git" / "planted").exists() and (clone / "a.txt").read_text() == "a\n"
 
 
