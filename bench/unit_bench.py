@@ -4,7 +4,8 @@ Runs `true` through run_step, interleaved run by run so load hits every variant 
 
 - agent: as the agent's user in the node's work dir (today's path), no limits;
 - unit: as a unit user (setpriv drop after the cgroup join, in the unit's own
-  cgroup, cwd in the unit's 0700 path), no limits;
+  cgroup, in the mount namespace that gives an open task its own /tmp, cwd in the
+  task's work dir; ADR 0073), no limits;
 - agent + mem: the agent path with a 256 MiB memory cgroup per step;
 - unit + mem: the unit path with the same cgroup, made under the unit's cgroup.
 
@@ -26,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import md_table, pct
-from kovanex.runner import Limits
+from kovanex.runner import Limits, taskdirs
 from kovanex.runner import units as unitsmod
 from kovanex.runner.process import run_step
 
@@ -56,14 +57,15 @@ async def main(runs: int) -> None:
     node = f"b{uuid.uuid4().hex[:6]}"
     units = unitsmod.units_for(node, 1, mode=unitsmod.USERS, root=str(base / "u"), create=True)
     unit = units[0]
+    task = taskdirs.open_task(unit, "bench", 64).work  # as the executor opens a task
     work = base / "node" / "work"
     work.mkdir(parents=True)
     mem = Limits(memory_mb=256)
     variants = {
         "agent": (work, None, None),
-        "unit": (unit.path, None, unit),
+        "unit": (task, None, unit),
         "agent + mem": (work, mem, None),
-        "unit + mem": (unit.path, mem, unit),
+        "unit + mem": (task, mem, unit),
     }
     samples: dict[str, list[float]] = {k: [] for k in variants}
     try:

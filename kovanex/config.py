@@ -158,6 +158,8 @@ class NodeConfig:
     # what a unit may connect to (issue 22 part 4, ADR 0076): "all", "none" or a list of
     # allowed addresses; the node's own service ports are closed to units whatever it says
     units_egress: str | list[str] = "all"
+    # a task's work dir, HOME and tmp together (a tmpfs of this size, ADR 0074); 0: no cap
+    units_disk_mb: int = 1024
     # plaintext gossip, chosen explicitly at init (`--insecure-gossip`); warned at start
     insecure_gossip: bool = False
     limits: InputLimits = field(
@@ -209,6 +211,7 @@ class NodeConfig:
         lines += [f"pids_max = {self.units_pids_max}", f"snapshot_mb = {self.units_snapshot_mb}"]
         lines += [f"memory_mb = {self.units_memory_mb}  # 0: the node's memory / runner_slots"]
         lines += [f"egress = {_scalar(self.units_egress)}  # all | none | list: see ADR 0076"]
+        lines += [f"disk_mb = {self.units_disk_mb}  # per task: work dir, HOME and tmp"]
         if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
             lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
             lines += [f"every = {_q(self.maintenance_every)}"]
@@ -261,6 +264,7 @@ class NodeConfig:
             units_memory_mb=_count(doc.get("units", {}), "memory_mb", 0, path),
             units_snapshot_mb=_count(doc.get("units", {}), "snapshot_mb", 50, path),
             units_egress=_egress(doc.get("units", {}), path),
+            units_disk_mb=_count(doc.get("units", {}), "disk_mb", 1024, path),
             limits=_limits(doc.get("limits", {}), path),
             scaling=_scaling(doc.get("scaling", {}), path),
             log_format=str(doc.get("log", {}).get("format", "text")),

@@ -68,6 +68,7 @@ class PlacementSpec:
     strategy: str | None = None  # None: the cluster default applies
     cpu: float | None = None
     memory_mb: int | None = None
+    disk_mb: int | None = None  # at most the node's [units] disk_mb (taskdirs.py)
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,7 @@ def _build(doc: dict[str, Any]) -> TaskSpec:
         strategy=pl.get("strategy"),
         cpu=float(pl["cpu"]) if "cpu" in pl else None,
         memory_mb=pl.get("memory_mb"),
+        disk_mb=pl.get("disk_mb"),
     )
     steps = tuple(
         Step(

@@ -57,7 +57,7 @@ timeout_s = 60
     clone = clone_with_task(node, "demo", tmp_path / "c", "hold-1", hold)
     git("push", "-q", "origin", "task/hold-1", cwd=clone)
     wait_for(holding.exists, 30, "task hold-1 to start in unit 0")
-    other_checkout = Path(units[0]["path"]) / "src" / "demo"
+    other_checkout = Path(units[0]["path"]) / "task" / "src" / "demo"
     busy = json.loads(node.kx("units", "--format", "json").stdout)["units"]
     assert [u["task"] for u in busy] == ["demo/hold-1", "-"], busy
     status = node.kx("status").stdout
@@ -106,7 +106,11 @@ timeout_s = 120
     rc, out = r["unitpath"]
     assert rc != 0 and "Permission denied" in out, f"unit 0's path (0700) was listable: {out}"
     rc, out = r["nodework"]
-    assert rc != 0 and "Permission denied" in out, f"node work/repos were listable: {out}"
+    # a node dir under /tmp (pytest's) is not even there: the step's /tmp is its own
+    hidden = "Permission denied" in out or (
+        str(node.data).startswith("/tmp/") and "No such file or directory" in out
+    )
+    assert rc != 0 and hidden and "demo.git" not in out, f"node work/repos were listable: {out}"
     rc, out = r["signal"]
     assert rc != 0 and "not permitted" in out, (
         f"kill -0 on the agent must fail: a unit uid cannot signal root: {out}"

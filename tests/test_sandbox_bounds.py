@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from kovanex.runner import limits as limitsmod
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
+from tests.agentkit import Node, clone_with_task, exchange_dir, git, units_root, wait_for
 
 pytestmark = [
     pytest.mark.skipif(
@@ -100,7 +100,7 @@ def test_a_kill_freezes_the_unit_before_it_signals(tmp_path: Path, monkeypatch) 
     layout = cfgmod.Layout(tmp_path / "n")
     cfgmod.save(layout, cfgmod.NodeConfig(name="fz", units_mode="users", runner_slots=1))
     cfg = cfgmod.load(layout)
-    cfg.units_root = str(tmp_path / "units")
+    cfg.units_root = str(units_root())  # reachable by the unit users (a 0700 tmp_path is not)
     (unit,) = unitsmod.node_units(cfg, create=True)
     try:
         dirs = unit.cgroup_dirs()

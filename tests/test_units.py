@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kovanex.runner import unitrepo
+from kovanex.runner import taskdirs, unitrepo
 from kovanex.runner import units as unitsmod
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step
@@ -53,7 +53,9 @@ def test_units_are_created_once_and_reused(units) -> None:
     for u in units:
         st = os.lstat(u.path)
         assert pwd.getpwnam(u.user).pw_uid == u.uid
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (u.uid, 0o700)
+        # root's, traversable by the unit's group only: the unit writes no path there
+        # the agent later mounts on or removes (ADR 0073)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, u.gid, 0o710)
         assert pwd.getpwnam(u.user).pw_shell == "/usr/sbin/nologin"
         assert u.cgroups, "each unit has its own cgroup"
         assert all(d.name == f"unit-{u.index}" and d.is_dir() for _, d in u.cgroups)
@@ -76,7 +78,7 @@ def test_step_runs_as_its_unit_and_cannot_read_the_node(units, tmp_path: Path) -
     secret.parent.mkdir(parents=True)
     secret.write_text("s3cret")
     unitsmod.secure_node_dir(tmp_path / "node")
-    other = units[1].path / "private"
+    other = taskdirs.open_task(units[1], "demo").home / "private"
     other.write_text("unit 1 only")
     log = tmp_path / "step.log"
     cmd = f"id -u; id -G; cat {secret}; cat {other}; echo home=$HOME; exit 0"
@@ -139,6 +141,7 @@ def _bare_with_commit(tmp_path: Path) -> tuple[Path, str]:
 def test_unit_clone_is_a_real_repo_owned_by_the_unit(units, tmp_path: Path) -> None:
     bare, head = _bare_with_commit(tmp_path)
     u = units[0]
+    taskdirs.open_task(u, "demo")
     clone = unitrepo.prepare(bare, head, u, "demo")
     assert (clone / ".git").is_dir() and not (clone / ".git" / "objects/info/alternates").exists()
     assert os.stat(clone / "a.txt").st_uid == u.uid
@@ -148,7 +151,7 @@ def test_unit_clone_is_a_real_repo_owned_by_the_unit(units, tmp_path: Path) -> N
         [*u.drop_argv(), "git", "-C", str(clone), "log", "--format=%H", "-1"],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(u.path)},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(clone)},
     )
     assert p.stdout.strip() == head, p.stderr
 
@@ -157,8 +160,9 @@ def test_unit_clone_is_a_real_repo_owned_by_the_unit(units, tmp_path: Path) -> N
 def test_snapshot_keeps_symlinks_as_links_and_ignores_planted_config(units, tmp_path: Path) -> None:
     bare, head = _bare_with_commit(tmp_path)
     u = units[0]
+    dirs = taskdirs.open_task(u, "demo")
     clone = unitrepo.prepare(bare, head, u, "demo")
-    marker = u.path / "fsmonitor-ran"  # writable by the unit: a hook that ran would leave it
+    marker = dirs.home / "fsmonitor-ran"  # writable by the unit: a hook that ran would leave it
     step = (
         "echo new > b.txt && ln -s /etc/shadow leak && "
         f"git config core.fsmonitor 'touch {marker}' && "
@@ -296,13 +300,14 @@ def test_bare_uid_units_need_no_passwd_entry(tmp_path: Path) -> None:
         assert (u.uid, u.gid) == (62917, 62917)
         with pytest.raises(KeyError):
             pwd.getpwuid(u.uid)
-        assert os.stat(u.path).st_uid == u.uid
+        work = taskdirs.open_task(u, "demo").work
+        assert os.stat(work).st_uid == u.uid
         log = tmp_path / "step.log"
 
         async def main():
             return await run_step(
                 "id -u; touch mine",
-                cwd=u.path,
+                cwd=work,
                 env={"PATH": "/usr/bin:/bin"},
                 timeout_s=10,
                 log_path=log,
@@ -311,7 +316,7 @@ def test_bare_uid_units_need_no_passwd_entry(tmp_path: Path) -> None:
 
         assert asyncio.run(main()).result == "ok", log.read_text()
         assert log.read_text().split()[0] == "62917"
-        assert os.stat(u.path / "mine").st_uid == 62917
+        assert os.stat(work / "mine").st_uid == 62917
     finally:
         unitsmod.remove(made, delete_users=False)
 
@@ -339,6 +344,7 @@ def test_prepare_removes_what_a_step_planted_in_git_dir(units, tmp_path: Path) -
     and a dangling symlink in their place must still be gone before the next task."""
     bare, head = _bare_with_commit(tmp_path)
     u = units[0]
+    taskdirs.open_task(u, "demo")
     clone = unitrepo.prepare(bare, head, u, "demo")
     assert not (clone / ".git" / "hooks").exists() and not (clone / ".git" / "info").exists()
     step = (
@@ -355,11 +361,13 @@ def test_prepare_removes_what_a_step_planted_in_git_dir(units, tmp_path: Path) -
 
 
 @needs_root
-def test_same_commit_and_unchanged_tree_cross_no_pack(
+def test_within_a_task_the_clone_is_reused_and_a_new_task_starts_from_a_fresh_pack(
     units, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 11: a clone that holds the commit already gets no pack (no node git at all),
-    and a step that changed nothing sends none back; a changed tree still crosses.
+    """Issue 11 within a task: a later step's prepare at a commit the task's clone holds
+    gets no pack (no node git at all), and a step that changed nothing sends none back.
+    Issue 22 across tasks: the next task, at the very same commit, never reuses that
+    clone: its tree comes from a fresh pack of the node's own objects (ADR 0073).
     The node's git is the real one behind a wrapper that records each run."""
     bare, head = _bare_with_commit(tmp_path)
     u = units[0]
@@ -372,19 +380,22 @@ def test_same_commit_and_unchanged_tree_cross_no_pack(
     monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
     base_tree = git("--git-dir", str(bare), "rev-parse", f"{head}^{{tree}}").stdout.strip()
 
-    clone = unitrepo.prepare(bare, head, u, "demo")
-    assert "pack-objects" in calls.read_text(), "the first prepare fills the clone"
     calls.write_text("")
+    taskdirs.open_task(u, "demo")
+    clone = unitrepo.prepare(bare, head, u, "demo")
+    packs = list((clone / ".git" / "objects" / "pack").glob("*.pack"))
+    assert len(packs) == 1 and os.stat(packs[0]).st_uid == u.uid, "one pack, the unit's"
+    assert calls.read_text() == "", "the first prepare packs in-process, no node git"
     subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "echo junk > a.txt"], cwd=clone, check=True)
     assert unitrepo.prepare(bare, head, u, "demo") == clone
-    assert calls.read_text() == "", "the clone held the commit: no pack was made"
+    assert calls.read_text() == "", "the task's clone held the commit: no pack was made"
     assert (clone / "a.txt").read_text() == "a\n", "checkout still resets the tree"
 
     assert unitrepo.snapshot(clone, u, bare, head) == base_tree
     assert calls.read_text() == "", "an unchanged tree crosses no pack"
 
-    # another task at the same commit: the agent's transitions on top keep the tree, so
-    # the clone checks out the commit it holds (no pack), and git in the step works
+    # the agent's transitions on top keep the tree: the task's clone checks out the
+    # commit it holds (no pack), and git in the step works
     running = git(
         "--git-dir", str(bare), "commit-tree", base_tree, "-p", head,
         "-m", "running\n\nKovanex-State: running",
@@ -398,6 +409,17 @@ def test_same_commit_and_unchanged_tree_cross_no_pack(
     tree = unitrepo.snapshot(clone, u, bare, head)
     assert tree != base_tree and "unpack-objects" in calls.read_text()
     assert git("--git-dir", str(bare), "cat-file", "-p", f"{tree}:b.txt").stdout == "b\n"
+
+    # the task ends; one of its steps had planted a marker in the clone's .git
+    subprocess.run([*u.drop_argv(), "/bin/sh", "-c", "touch .git/planted"], cwd=clone, check=True)
+    taskdirs.close_task(u)
+    unitrepo.forget(u, "demo", bare)
+    assert not clone.exists(), "the task's clone goes with the task"
+    taskdirs.open_task(u, "demo")
+    assert unitrepo.prepare(bare, head, u, "demo") == clone
+    packs = list((clone / ".git" / "objects" / "pack").glob("*.pack"))
+    assert len(packs) == 1, "a new task's clone is filled afresh from the node's objects"
+    assert not (clone / ".git" / "planted").exists() and (clone / "a.txt").read_text() == "a\n"
 
 
 def test_units_are_keyed_by_name_and_node_id(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ run re-reads, stands down and kills its step: it never retries blindly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.runner import logs as runlogs
-from kovanex.runner import unitrepo, worktree
+from kovanex.runner import taskdirs, unitrepo, worktree
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step, step_env
 
@@ -58,9 +59,11 @@ class TaskRun:
         self.request: Any = None
         layout = self.ctx.layout
         self.wt = layout.work / lease.repo / lease.task_id
-        # With compute units, the slot's unit runs the steps in its own clone, outside
-        # the node dir (runner/units.py, ADR 0010); else a linked worktree in it.
+        # With compute units, the slot's unit runs the steps in the task's own dirs and
+        # clone, outside the node dir, removed when the run ends (taskdirs.py, ADR 0073);
+        # else a linked worktree in the node dir.
         self.unit = table.units[table.slots.take_unit()] if table.units else None
+        self.dirs: taskdirs.TaskDirs | None = None
         if self.unit is not None:
             self.wt = unitrepo.clone_path(self.unit, lease.repo)
         self.base = ""  # the commit the checkout holds: a unit snapshot sends only what is new
@@ -85,7 +88,7 @@ class TaskRun:
         finally:
             self._forget_pid()
             if self.unit is not None:
-                self.table.slots.give_unit(self.unit.index)  # its clone stays for the next task
+                self._close_task(self.unit)
             else:
                 try:
                     await asyncio.to_thread(worktree.remove, self.repo_path, self.wt)
@@ -93,6 +96,18 @@ class TaskRun:
                     log.debug("worktree cleanup failed", exc_info=True)
             self.table.finished(self)
             self.ended.set()
+
+    def _close_task(self, unit: Any) -> None:
+        """Nothing of this task survives into the unit's next one: its dirs go (no
+        step of it runs: each step ends with its unit's cgroup killed). Inline, not in a
+        thread: a tmpfs goes with one umount, and a cancel here must not leak the slot."""
+        try:
+            taskdirs.close_task(unit)
+        except Exception:  # noqa: BLE001 - the next open_task removes it again
+            log.warning("%s/%s: could not remove the task's dirs", *self.key, exc_info=True)
+        finally:
+            unitrepo.forget(unit, self.lease.repo, self.repo_path)
+            self.table.slots.give_unit(unit.index)
 
     async def _hand_back(self) -> None:
         """A remote run that stops while its lease is still current (e.g. the owner was
@@ -168,6 +183,10 @@ class TaskRun:
                 view, [taskcore.start(view, self.lease.node, self.lease.epoch)]
             )
         repo_path = self.repo_path
+        if self.unit is not None:
+            self.dirs = await asyncio.to_thread(
+                taskdirs.open_task, self.unit, self.lease.repo, self._disk_mb(spec)
+            )
         await self._prepare_or_fail(repo_path, view)
         while True:
             if self.cancel.is_set():
@@ -202,6 +221,13 @@ class TaskRun:
             await self._append(view, [taskcore.fail_run(view, why)])
             raise StandDown(why) from e
 
+    def _disk_mb(self, spec: specmod.TaskSpec) -> int:
+        """The task's disk cap: [units] disk_mb, or less if the spec asks (never more)."""
+        cap, asked = self.ctx.cfg.units_disk_mb, spec.placement.disk_mb
+        if asked is None:
+            return cap
+        return min(asked, cap) if cap else asked
+
     def _prepare(self, repo_path: Path, tip: str) -> None:
         self.base = tip
         if self.unit is None:
@@ -223,8 +249,11 @@ class TaskRun:
             if spec.agent.prompt:
                 kx["KOVANEX_PROMPT"] = str(self.wt / spec.agent.prompt)
             kx["KOVANEX_CONTEXT"] = ":".join(str(self.wt / c) for c in spec.agent.context)
-        home = str(self.unit.path) if self.unit is not None else None
-        return step_env(dict(step.env), kx, path=os.environ.get("PATH"), home=home)
+        home = str(self.dirs.home) if self.dirs is not None else None
+        env = step_env(dict(step.env), kx, path=os.environ.get("PATH"), home=home)
+        if self.dirs is not None and "TMPDIR" not in step.env:
+            env["TMPDIR"] = str(self.dirs.tmp)
+        return env
 
     def _hidden(self) -> list[Path] | None:
         """Without units, a mount namespace may still hide the node's secrets (units.py)."""
@@ -236,9 +265,10 @@ class TaskRun:
         return [p for p in hide if p.exists()]
 
     def _command(self, spec: specmod.TaskSpec, step: specmod.Step) -> str:
+        cap = taskdirs.fsize_prologue(self.dirs) if self.dirs is not None else ""
         if step.agent and spec.agent is not None:
-            return spec.agent.command
-        return step.run or "true"
+            return cap + spec.agent.command
+        return cap + (step.run or "true")
 
     async def _step(
         self,
@@ -274,6 +304,12 @@ class TaskRun:
         self._forget_pid()
         if self.cancel.is_set():
             raise StandDown(self.why)
+        if self.dirs is not None and (
+            full := await asyncio.to_thread(taskdirs.over_cap, self.dirs)
+        ):
+            outcome = dataclasses.replace(outcome, result="failed", reason=full)
+            with open(log_path, "ab") as f:
+                f.write(f"[kovanex: {full}]\n".encode())
         with open(log_path, "ab") as f:
             f.write(
                 f"--- kovanex: {outcome.result} exit={outcome.exit_code} "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
-from kovanex.runner import units
+from kovanex.runner import taskdirs, units
 from kovanex.runner.limits import (
     CGROUP_V1,
     CGROUP_V2,
@@ -173,10 +173,13 @@ async def _spawn(
     applied: Applied,
     fast: bool,
     hide: list[Path] | None = None,
+    unit: Unit | None = None,
 ) -> _Child | asyncio.subprocess.Process:
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
     argv, preexec = applied.argv(command, env)
     env = applied.spawn_env(env)
+    if unit is not None:  # the open task's own /tmp, bound as root before the drop
+        argv = taskdirs.private_tmp(unit, argv)
     if hide:  # the namespace wrapper runs as the agent: it gets no byte of the step's env
         argv = hidden(hide, [ENV, "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
         env = dict(ROOT_ENV)
@@ -369,7 +372,14 @@ async def run_step(
     mechanism = applied.mechanism
     try:
         proc = await _spawn(
-            command, cwd=cwd, env=env, fd=fd, applied=applied, fast=fast_spawn, hide=hide
+            command,
+            cwd=cwd,
+            env=env,
+            fd=fd,
+            applied=applied,
+            fast=fast_spawn,
+            hide=hide,
+            unit=unit,
         )
         applied.close_fds()
     except (OSError, subprocess.SubprocessError) as exc:

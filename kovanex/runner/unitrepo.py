@@ -1,8 +1,12 @@
-"""A compute unit's own clone of a repo: filled, checked out and snapshotted as the unit.
+"""A task's own clone of its repo in a compute unit: filled, checked out and snapshotted
+as the unit.
 
 The clone is a plain repository (a real `.git` dir, no alternates, no link into the
-node dir), so git works inside a step with no access to the node. It is kept per
-unit and repo across tasks; each task brings only the objects the clone lacks.
+node dir), so git works inside a step with no access to the node. It lives in the
+task's dirs (taskdirs.py) and goes with them when the task ends: the first prepare of
+a task fills a fresh `git init` from a pack the node made, which index-pack re-hashes
+object by object, so no object a step of an earlier task wrote is ever checked out
+(ADR 0073). Later steps of the same task reuse the clone and get what it lacks.
 
 The agent runs as root but never runs git inside the clone, nor opens a file in it:
 a step owns that `.git` and could plant `core.fsmonitor`, hooks, filters or a
@@ -14,8 +18,10 @@ node -> unit `pack-objects | index-pack` before a task, unit -> node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -25,6 +31,7 @@ from typing import BinaryIO
 import pygit2
 
 from kovanex.gitstate import gitcli
+from kovanex.runner import taskdirs
 from kovanex.runner.units import Unit
 from kovanex.runner.worktree import NODE_GIT_CONFIG, WorktreeError
 
@@ -77,13 +84,17 @@ _have: dict[tuple[str, str], str] = {}  # (clone dir, bare repo) -> commit the c
 
 
 def clone_path(unit: Unit, repo: str) -> Path:
-    return unit.path / "src" / repo
+    return taskdirs.work_dir(unit, repo)
+
+
+def _home(unit: Unit) -> Path:
+    return taskdirs.task_root(unit) / "home"
 
 
 def _unit_env(unit: Unit) -> dict[str, str]:
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(unit.path),
+        "HOME": str(_home(unit)),
         "LANG": "C.UTF-8",
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -192,9 +203,16 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     bare = bare.absolute()
     commit = checkout_of(pygit2.Repository(str(bare)), commit)
     dest = clone_path(unit, repo)
+    if not dest.parent.is_dir():
+        raise WorktreeError(f"prepare {dest}: no task is open in unit {unit.user}")
     key = (str(dest), str(bare))
     with _have_lock:
         have = _have.pop(key, None)
+    if not have and dest.is_dir() and not os.listdir(dest):  # as open_task made it
+        _fill(bare, commit, dest, unit)
+        with _have_lock:
+            _have[key] = commit
+        return dest
     for fresh in (False, True) if have else (True,):
         mode = "fresh" if fresh else "reuse"
         if not fresh and have == commit:
@@ -205,7 +223,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 env=_unit_env(unit),
-                cwd=unit.path,
+                cwd=_home(unit),
             )
             p_rc, c_rc, err = 0, r.returncode, r.stderr.decode(errors="replace")
         else:
@@ -216,7 +234,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 None,
                 _as_unit(unit, _PREPARE, str(dest), commit, mode, "pack"),
                 _unit_env(unit),
-                unit.path,
+                _home(unit),
                 revs,
             )
         if p_rc == 0 and c_rc == 0:
@@ -224,6 +242,51 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
                 _have[key] = commit
             return dest
     raise WorktreeError(f"prepare unit clone {dest} at {commit}: {err.strip()}")
+
+
+def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
+    """A task's first checkout, in a dir no unit process has seen (taskdirs.open_task).
+
+    Root may write there until the unit first runs: the repo skeleton and a pack of the
+    commit's history from the node's own objects (pygit2 in-process, no exec; libgit2's
+    indexer hashes each object it indexes) are handed to the unit, which checks out
+    (setpriv + git: no shell, no init, no clean). Nothing an earlier task wrote is read:
+    its dirs are gone."""
+    try:
+        os.lchown(dest, 0, 0)  # libgit2 inits only a dir its user owns; back to the unit below
+        pygit2.init_repository(str(dest))
+        git_dir = dest / ".git"
+        for p in ("hooks", "info", "description"):
+            shutil.rmtree(git_dir / p, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                (git_dir / p).unlink()
+        _pack_history(bare, commit, git_dir / "objects" / "pack")
+        os.lchown(dest, unit.uid, unit.gid)
+        for top, dirs, files in os.walk(dest):
+            for name in dirs + files:
+                os.lchown(os.path.join(top, name), unit.uid, unit.gid)
+    except OSError as e:
+        raise WorktreeError(f"prepare {dest}: {e}") from e
+    out = subprocess.run(
+        [*unit.drop_argv(), "git", "checkout", "-q", "--force", "--detach", commit],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=_unit_env(unit),
+        cwd=dest,
+    )
+    if out.returncode != 0:
+        raise WorktreeError(f"checkout {commit} in {dest}: {out.stderr.decode().strip()}")
+
+
+def _pack_history(bare: Path, commit: str, pack_dir: Path) -> None:
+    """Every object reachable from `commit` in the node's repo, as one pack + index in
+    `pack_dir` (what `pack-objects --revs` would send; a tree seen once is not walked
+    again)."""
+    store = pygit2.Repository(str(bare))
+    builder = pygit2.PackBuilder(store)
+    for c in store.walk(pygit2.Oid(hex=commit)):
+        builder.add_recur(c.id)
+    builder.write(str(pack_dir))
 
 
 class SnapshotTooLarge(WorktreeError):

@@ -24,6 +24,7 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -222,17 +223,44 @@ def _ensure_user(name: str) -> tuple[int, int]:
 
 
 def _ensure_path(path: Path, uid: int, gid: int) -> None:
-    """The unit's own path: 0700, owned by the unit; never follow a planted symlink."""
+    """The unit's own path: root's, 0710, group = the unit's. The unit traverses it to
+    its task's dirs but cannot write in it, so nothing it plants there (a symlink where
+    the next task's dir goes) is ever followed by the agent (taskdirs.py, ADR 0073)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o755)  # traversable, listable only to find one's own dir
     with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
+        os.mkdir(path, 0o710)
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path):
         raise UnitError(f"unit path {path} is not a directory; remove it and rerun init")
-    if (st.st_uid, st.st_gid) != (uid, gid):
-        os.lchown(path, uid, gid)
-    os.chmod(path, 0o700)
+    if (st.st_uid, st.st_gid) != (0, gid):
+        os.lchown(path, 0, gid)
+    os.chmod(path, 0o710)
+
+
+def unreachable(path: Path, uid: int, gid: int) -> str:
+    """Why the unit (uid, gid, no other groups) cannot traverse to `path`, or "".
+
+    A units root inside a 0700 dir leaves every step unable to reach its work dir;
+    `kovanex init` and the agent say so at once instead of failing each task."""
+    for d in [*reversed(path.parents), path]:
+        try:
+            st = os.stat(d)
+        except OSError as e:
+            return f"{d}: {e.strerror}"
+        mode = st.st_mode
+        if st.st_uid == uid:
+            ok = mode & stat.S_IXUSR
+        elif st.st_gid == gid:
+            ok = mode & stat.S_IXGRP
+        else:
+            ok = mode & stat.S_IXOTH
+        if not ok:
+            return (
+                f"{d} (mode {stat.S_IMODE(mode):04o}, owner uid {st.st_uid}) does not let "
+                f"uid {uid} through"
+            )
+    return ""
 
 
 def units_for(
@@ -278,6 +306,12 @@ def units_for(
         path = base / f"unit-{n}"
         if create:
             _ensure_path(path, uid, gid)
+            if why := unreachable(path, uid, gid):
+                raise UnitError(
+                    f"unit user {name} cannot reach its path {path}: {why}; give every dir "
+                    f"above it o+x (chmod o+x DIR), or put the units elsewhere: "
+                    f"[units] root in kovanex.toml (`kovanex init --units-root DIR`)"
+                )
         b = bounds or Bounds()
         dirs = _cgroup_dirs(node, n, create, (uid, gid), b)
         out.append(Unit(n, name, uid, gid, path, dirs, b))
@@ -348,8 +382,11 @@ def reset(unit: Unit) -> int:
 
 def remove(units: list[Unit], *, delete_users: bool) -> None:
     """Undo units_for(create=True): for tests and `kovanex units --remove` style cleanup."""
+    from kovanex.runner import taskdirs
+
     for u in units:
         reset(u)
+        taskdirs.close_task(u)
         for _, d in u.cgroups:
             for sub in sorted(d.glob("run-*"), reverse=True):
                 with contextlib.suppress(OSError):
@@ -396,9 +433,12 @@ def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     units = node_units(cfg, create=True)
     if units:
         claim(unit_key(cfg))  # before reset(): never kill the steps of another live agent
+    from kovanex.runner import taskdirs
+
     for u in units:
         if n := reset(u):
             _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
+        taskdirs.clear_unit(u)  # no clone, HOME or tmp of an earlier task survives a restart
     if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
         return [], "no runner slots: this node runs no steps"
     if cfg.units_mode == NAMESPACE and namespace_works():

@@ -1,0 +1,107 @@
+"""A trivial task's runner work in a compute unit, phase by phase (issue 22 part 1).
+
+One unit, one small repo, N tasks one after another, each as the executor does it:
+open the task's dirs (per-task state, where the code has it), prepare the checkout,
+run `true` as the unit, snapshot, close the task. Reports p50/p95 per phase and the
+CPU (this process + reaped children) per task. Runs on the code on PYTHONPATH, so the
+same file measures the code before per-task state (clone reuse) and after it.
+
+Needs root (units are users). Run: .venv/bin/python -m bench.unit_task_bench [--tasks 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import md_table, pct
+from bench.runner_bench import make_repo
+from kovanex.runner import unitrepo
+from kovanex.runner import units as unitsmod
+from kovanex.runner.process import run_step
+
+try:
+    from kovanex.runner import taskdirs
+except ImportError:  # the code before per-task state
+    taskdirs = None  # type: ignore[assignment]
+DISK_MB = 1024  # [units] disk_mb's default: the task's dirs are a tmpfs of this size
+
+PHASES = ("open", "prepare", "run", "snapshot", "close")
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict[str, float]:
+    t = [time.perf_counter()]
+    dirs = taskdirs.open_task(unit, "demo", DISK_MB) if taskdirs else None
+    t.append(time.perf_counter())
+    clone = await asyncio.to_thread(unitrepo.prepare, bare, commit, unit, "demo")
+    t.append(time.perf_counter())
+    home = str(dirs.home) if dirs else str(unit.path)
+    out = await run_step(
+        "true",
+        cwd=clone,
+        env={"PATH": "/usr/bin:/bin", "HOME": home},
+        timeout_s=30,
+        log_path=log,
+        unit=unit,
+    )
+    if out.result != "ok":
+        raise SystemExit(f"step failed: {out} (see {log})")
+    t.append(time.perf_counter())
+    await asyncio.to_thread(unitrepo.snapshot, clone, unit, bare, commit)
+    t.append(time.perf_counter())
+    if taskdirs:
+        taskdirs.close_task(unit)  # inline, as the executor does
+        unitrepo.forget(unit, "demo", bare)
+    t.append(time.perf_counter())
+    return {p: (t[i + 1] - t[i]) * 1000 for i, p in enumerate(PHASES)}
+
+
+async def main(tasks: int) -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("unit_task_bench needs root: units are Linux users")
+    base = Path(tempfile.mkdtemp(prefix="kovanex-unit-task-bench-", dir="/var/tmp"))
+    os.chmod(base, 0o755)
+    bare, commit = make_repo(base)
+    node = f"b{uuid.uuid4().hex[:6]}"
+    units = unitsmod.units_for(node, 1, mode=unitsmod.USERS, root=str(base / "u"), create=True)
+    samples: dict[str, list[float]] = {p: [] for p in (*PHASES, "total")}
+    try:
+        for _ in range(5):  # warm-up
+            await _task(units[0], bare, commit, base / "step.log")
+        cpu0 = _cpu()
+        for _ in range(tasks):
+            one = await _task(units[0], bare, commit, base / "step.log")
+            for p, v in one.items():
+                samples[p].append(v)
+            samples["total"].append(sum(one.values()))
+        cpu = (_cpu() - cpu0) / tasks * 1000
+    finally:
+        unitsmod.remove(units, delete_users=True)
+        shutil.rmtree(base, ignore_errors=True)
+    rows = [[p, f"{pct(s, 50):.2f}", f"{pct(s, 95):.2f}"] for p, s in samples.items()]
+    per_task = "per-task dirs" if taskdirs else "clone reuse"
+    print(
+        f"unit task cost ({per_task}), {tasks} tasks, {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.2f}; CPU {cpu:.2f} ms/task (agent + children)"
+    )
+    print(md_table(["phase", "p50 ms", "p95 ms"], rows))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=100)
+    args = ap.parse_args()
+    asyncio.run(main(args.tasks))
+    sys.exit(0)
