@@ -476,6 +476,7 @@ class NatsCoordination:
             await asyncio.sleep(period)
 
     async def _drive(self) -> None:
+        self._floor_from_gossip()  # before the first acquire: a new KV starts above it
         self._apply(core.Tick())
         while True:
             delay = max(0.0, self.wake_at - self.ctx.clock.monotonic())
@@ -484,6 +485,7 @@ class NatsCoordination:
             except TimeoutError:
                 pass
             self.wake.clear()
+            self._floor_from_gossip()
             self._apply(core.Tick())
 
     # -- queries -------------------------------------------------------------------------
