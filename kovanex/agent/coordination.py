@@ -431,7 +431,7 @@ class NatsCoordination:
     async def _refused(self, op: str, sent: float) -> core.CasDone:
         """A CAS the backend refused: its answer is the key as it is now. A key that is not
         there (purged, deleted, a stream made anew) is an answer too, `(0, None)`: the
-        decider creates it again above its floor (ADR 0078). Only an unreadable key is
+        decider creates it again above its floor (ADR 0079). Only an unreadable key is
         "unavailable"."""
         try:
             rev, lease = await self._read_leader(strict=True)

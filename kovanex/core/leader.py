@@ -30,7 +30,7 @@ The rules:
   T, T+1, T+2 per election (ADR 0079). A value with `term=0` (written by a version whose
   term was the revision) reads as that revision, so an upgrade starts above it.
 - Lost key: a refused CAS that finds no key (purged, deleted, a stream made anew) is the
-  backend's answer, not "unavailable": the key is created again at floor + 1 (ADR 0078).
+  backend's answer, not "unavailable": the key is created again at floor + 1 (ADR 0079).
 - Void: a refused CAS is the backend's answer now, so it is believed even when its
   revision is below what we knew (the stream lost writes: seen with a JetStream scale-up
   racing a partition). A lease whose term is below our floor is void: we take the key over
