@@ -182,6 +182,7 @@ def test_a_lone_nats_node_leads_at_once_then_grows_and_survives_a_lost_key(
         lone.kx("repo", "create", "demo")
         out = lone.kx("api", "SetReplicationLevel", '{"repo": "demo", "level": "async"}')
         assert json.loads(out.stdout)["level"] == "async"
+        assert not (lone.data / "nats" / "clustered").exists()  # it may go solo again
         for i in (1, 2):
             n = Node(tmp_path, f"l{i}", "--profile", "local", "--token", TOKEN,
                      "--coordination", "nats")  # fmt: skip
@@ -195,6 +196,8 @@ def test_a_lone_nats_node_leads_at_once_then_grows_and_survives_a_lost_key(
             "the KV stream grown to three replicas, all current",
         )
         assert kv["replicas"] == 3 and status(nodes[0])["backend"]["servers"] == 3
+        # once clustered, a restart waits for its quorum instead of leading a KV of its own
+        wait_for(lambda: (lone.data / "nats" / "clustered").exists(), 10, "the marker")
         # the leader key is deleted: a new lease at a higher term, without any restart
         delete_leader_key(nodes[1])
         again = wait_for(

@@ -329,6 +329,8 @@ class NatsCoordination:
                 info = await js.add_stream(natsauth.kv_stream(max(1, n)))
                 log.info("KV bucket made in the new cluster (%d replicas)", max(1, n))
             self.kv_replication = _replication(info)
+            if info.cluster is not None and info.cluster.name:  # clustered (solo: no name)
+                self.server.mark_clustered()
             want = min(MAX_REPLICAS, len(self._peers()))
             grow = info.config.num_replicas < want
             if grow or not natsauth.locked(info.config):  # a bucket an older version made, too

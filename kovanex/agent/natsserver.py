@@ -156,8 +156,16 @@ class NatsServer:
 
     @property
     def was_clustered(self) -> bool:
-        """This server has been a cluster member (its clustered store exists)."""
-        return (self.dir / "js").exists()
+        """This server has held the lease's stream in a cluster. A `js` store alone proves
+        nothing: an older version's lone server made one while it waited for routing."""
+        if (self.dir / "clustered").exists():
+            return True
+        return any((self.dir / "js" / "jetstream").glob("*/streams/KV_*"))
+
+    def mark_clustered(self) -> None:
+        """The lease's bucket answered in a cluster: never solo again (ADR 0080)."""
+        if not self.solo and not (self.dir / "clustered").exists():
+            (self.dir / "clustered").touch()
 
     async def start(self, routes: Iterable[str], solo: bool = False) -> None:
         self.routes = frozenset(routes)
