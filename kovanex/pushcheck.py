@@ -396,15 +396,17 @@ def queue_submission(
     priority: int | None = None,
     limits: InputLimits = DEFAULT_LIMITS,
     pusher: str | None = None,
+    even_skipped: bool = False,
 ) -> str:
     """Write the `queued` transition on top of a user's push (CAS; losers just re-read).
 
     `limits` are the node's own, as at pre-receive: what the hook accepted is queued.
-    `pusher` is who the hook saw push (None: a local push, or not known)."""
+    `pusher` is who the hook saw push (None: a local push, or not known).
+    `even_skipped`: a person asked for it (ScheduleTask), so `-o skip` no longer holds."""
     view = ledger.read(task_id)
     if view.state != "submitted":
         return view.state
-    if is_skipped(ledger, task_id, view.tip):
+    if not even_skipped and is_skipped(ledger, task_id, view.tip):
         return "skipped"
     spec_prio = None
     data = ledger.spec_bytes(task_id)

@@ -297,3 +297,45 @@ def test_the_watchers_echo_of_our_own_write_is_announced_not_reconciled(node: No
         assert (d2._dirty, d2._settle) == ({"r": {"t1"}}, False)
 
     asyncio.run(go())
+
+
+def test_an_excluded_runner_that_joins_again_gets_the_unschedulable_task_back(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 bugs 1 and 9, the user's story on a real repo: only n3 provides `sast`; it
+    missed the placement deadline (it was restarting) and was excluded, so the task went
+    unschedulable for good. Now n3 joining again lets it back in, audibly in git."""
+    from kovanex.agent.failover import Failover
+    from kovanex.core import startwatch
+
+    n = Node(tmp_path / "n1", others=[node_info("n3", capabilities=frozenset({"sast"}))])
+    spec = b'[placement]\nrequires = ["sast"]\n[[steps]]\nname = "a"\nrun = "true"\n'
+    submit(n.led, "t1", spec)
+    fo = Failover(n.ctx, n.repos, n.sched.locks, None)  # type: ignore[arg-type]
+    fo.requeued = lambda repo, task: n.sched.after_write(repo, task)
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        await n.sched.schedule_pending()
+        view = n.led.read("t1")
+        assert (view.state, view.node) == ("placed", "n3")
+        # n3 never starts it: the deadline's requeue excludes it (what PlacementDeadline writes)
+        w = startwatch.watch(view, None, 0.0)
+        tr = startwatch.decide(view, w, 10.0, 10.0, None, frozenset())
+        assert tr is not None
+        n.led.append("t1", tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+        n.sched.after_write("r", "t1")
+        await n.sched.schedule_pending()
+        assert n.led.read("t1").state == "unschedulable"
+        await fo.let_back("n9")  # another node: nothing changes
+        assert n.led.read("t1").state == "unschedulable"
+        await fo.let_back("n3")
+        await n.sched.schedule_pending()
+
+    asyncio.run(go())
+    view = n.led.read("t1")
+    assert (view.state, view.node) == ("placed", "n3")
+    assert states(n.led, "t1")[-4:] == ["queued", "unschedulable", "queued", "placed"]
+    cleared = [tr for _, tr, _ in n.led.history("t1") if tr and "Excluded-Cleared" in tr.extra]
+    assert [tr.extra["Excluded-Cleared"] for tr in cleared] == ["n3"]
+    assert [a.node for a in n.assigned] == ["n3", "n3"]

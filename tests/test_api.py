@@ -260,3 +260,29 @@ def test_head_sends_headers_only(node: Node) -> None:
     first, _, second = got.partition(b"\r\n\r\n")
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200"), got[:400]
     assert second.endswith(b"\r\n\r\nok\n")
+
+
+def test_schedule_starts_a_skipped_push_and_retry_takes_an_unschedulable_task(
+    node: Node, tmp_path: Path
+) -> None:
+    """Issue 25 bug 9: a task pushed with `-o skip` could not be started by any call, and
+    `task retry` refused an unschedulable task (bug 1; the exclusion clearing itself is
+    tested over the decider in tests/test_startwatch.py)."""
+    c = client(node)
+    clone = clone_with_task(node, "demo", tmp_path / "c", "sk1", ONE_STEP)
+    git("push", "-q", "-o", "skip", "origin", "task/sk1", cwd=clone)
+    node.kx("status")  # a full reconcile has happened by the time the agent answers
+    assert c.call("GetTask", repo="demo", task="sk1")["state"] == "submitted"
+    assert c.call("ScheduleTask", repo="demo", task="sk1")["state"] != "submitted"
+    wait_for(lambda: c.call("GetTask", repo="demo", task="sk1")["state"] == "succeeded", 30)
+    clone_with_task(node, "demo", clone, "un1", ONE_STEP + '[placement]\nrequires = ["sast"]\n')
+    git("push", "-q", "origin", "task/un1", cwd=clone)
+    wait_for(lambda: c.call("GetTask", repo="demo", task="un1")["state"] == "unschedulable", 30)
+    out = node.kx("task", "retry", "un1")
+    assert "task un1 queued again" in out.stdout
+    # still nobody provides sast: the next pass says so again, and the API retries it too
+    wait_for(lambda: c.call("GetTask", repo="demo", task="un1")["state"] == "unschedulable", 30)
+    assert c.call("RetryTask", repo="demo", task="un1")["state"] in ("queued", "unschedulable")
+    bad = node.kx("task", "retry", "sk1", check=False)
+    assert "cannot retry a succeeded task (retry applies to unschedulable, failed" in bad.stderr
+    c.call("CancelTask", {"reason": "leave the shared agent idle"}, repo="demo", task="un1")

@@ -4,12 +4,15 @@ the gossip backend."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from kovanex import config as cfgmod
+from kovanex import natsauth
 from kovanex.agent.natsserver import nats_binary
 from tests.agentkit import Node, process_gone, wait_for
 
@@ -101,9 +104,8 @@ def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_pa
     first.start()
     nodes = [first]
     try:
-        # alone, a NATS node has no quorum: status answers at once and says it waits
-        out = first.kx("status").stdout
-        assert "coordination nats" in out and "waiting for a NATS quorum" in out
+        # alone, a NATS node leads at once (issue 25 bug 8; its own test is below)
+        assert "coordination nats" in first.kx("status").stdout
         for i in (1, 2):
             n = Node(
                 tmp_path, f"c{i}", "--profile", "local", "--token", TOKEN, "--coordination", "nats"
@@ -136,6 +138,72 @@ def test_one_leader_one_term_and_a_higher_term_after_the_leader_is_killed(tmp_pa
             lambda: (a := agreed(rest)) and a[0] != leader and a, 60, "a new leader"
         )
         assert new_leader != leader and new_term > term
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def delete_leader_key(n: Node) -> None:
+    """A KV `delete` of the leader key with the node's own agent login (the stream denies
+    purge and message deletes, but a delete marker is a put on the key's subject)."""
+    import nats
+
+    c = cfgmod.load(cfgmod.Layout(n.data)).coordination
+    who = natsauth.agent_login(cfgmod.Layout(n.data))
+
+    async def go() -> None:
+        nc = await nats.connect(f"nats://127.0.0.1:{c.client_port}", user=who.user,
+                                password=who.password, connect_timeout=5,
+                                max_reconnect_attempts=1)  # fmt: skip
+        try:
+            kv = await nc.jetstream(timeout=10).key_value(natsauth.BUCKET)
+            await kv.delete("leader")
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_a_lone_nats_node_leads_at_once_then_grows_and_survives_a_lost_key(
+    tmp_path: Path,
+) -> None:
+    """Issue 25: a lone `--coordination nats` node waited for routing forever (bug 8); terms
+    were KV revisions (bug 10); a deleted leader key left the cluster leaderless (bug 4)."""
+    nodes = [Node(tmp_path, "l0", "--profile", "local", "--token", TOKEN, "--coordination",
+                  "nats").start()]  # fmt: skip
+    try:
+        lone = nodes[0]
+        st = wait_for(lambda: (s := status(lone))["leader"] == "l0" and s, 60, "l0 leads alone")
+        assert (st["status"], st["quorum"], st["backend"]["servers"]) == ("healthy", 1, 1)
+        assert [r["role"] for r in st["nodes"]] == ["leader"]
+        lone_term = st["term"]
+        assert 1 <= lone_term <= 2  # consecutive terms: the first election is term 1
+        lone.kx("repo", "create", "demo")
+        out = lone.kx("api", "SetReplicationLevel", '{"repo": "demo", "level": "async"}')
+        assert json.loads(out.stdout)["level"] == "async"
+        assert not (lone.data / "nats" / "clustered").exists()  # it may go solo again
+        for i in (1, 2):
+            n = Node(tmp_path, f"l{i}", "--profile", "local", "--token", TOKEN,
+                     "--coordination", "nats")  # fmt: skip
+            nodes.append(n.start("--join", gossip_addr(lone)))
+        leader, term = wait_for(lambda: agreed(nodes), 120, "one leader on all three nodes")
+        # the cluster's KV is new, and its first term is still above the lone one's
+        assert lone_term < term <= lone_term + 5, (lone_term, term)
+        kv = wait_for(
+            lambda: (k := status(nodes[0])["backend"].get("kv")) and k["current"] == 3 and k,
+            60,
+            "the KV stream grown to three replicas, all current",
+        )
+        assert kv["replicas"] == 3 and status(nodes[0])["backend"]["servers"] == 3
+        # once clustered, a restart waits for its quorum instead of leading a KV of its own
+        wait_for(lambda: (lone.data / "nats" / "clustered").exists(), 10, "the marker")
+        # the leader key is deleted: a new lease at a higher term, without any restart
+        delete_leader_key(nodes[1])
+        again = wait_for(
+            lambda: (a := agreed(nodes)) and a[1] > term and a, 60, "a leader after the delete"
+        )
+        assert again[1] <= term + 3, (term, again)
     finally:
         for n in nodes:
             n.stop()

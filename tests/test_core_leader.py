@@ -20,11 +20,14 @@ from kovanex.core.leader import (
     Lease,
     LostLeadership,
     Renew,
+    Resign,
     Resume,
     TasksRunning,
+    TermSeen,
     Tick,
     accepts,
     can_place,
+    candidate,
     decide,
     leads,
     quorum_of,
@@ -38,24 +41,26 @@ def _no_timers(effects: list) -> list:
     return [e for e in effects if not isinstance(e, SetTimer)]
 
 
-def _leader(clock: FakeClock, me: str = "n1", rev: int = 1) -> LeaderState:
-    """A node that won the lease by create at revision `rev`."""
-    s = LeaderState(me, CFG, since=clock.monotonic())
+def _leader(clock: FakeClock, me: str = "n1", rev: int = 1, term: int = 1) -> LeaderState:
+    """A node that won the lease by create at revision `rev`, knowing `term - 1` before."""
+    s = LeaderState(me, CFG, since=clock.monotonic(), term=term - 1)
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert Acquire(Lease(me, 0), 0) in eff
+    assert Acquire(Lease(me, term), 0) in eff
     s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, rev), clock.monotonic())
-    assert BecameLeader(rev) in eff
+    assert BecameLeader(term) in eff
     return s
 
 
-def test_a_node_creates_the_key_and_its_term_is_the_winning_revision() -> None:
+def test_a_node_creates_the_key_at_term_1_whatever_the_revision() -> None:
+    """Issue 25 bug 10: the term is consecutive and lives in the value; the revision (7
+    here, thousands on a busy bucket) is only the CAS's `last`."""
     clock = FakeClock()
     s = LeaderState("n1", CFG, since=clock.monotonic())
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert _no_timers(eff) == [Heartbeat("n1"), Acquire(Lease("n1", 0), 0)]
+    assert _no_timers(eff) == [Heartbeat("n1"), Acquire(Lease("n1", 1), 0)]
     s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 7), clock.monotonic())
-    assert _no_timers(eff) == [BecameLeader(7)]
-    assert (s.term, s.leader, leads(s, clock.monotonic())) == (7, "n1", True)
+    assert _no_timers(eff) == [BecameLeader(1)]
+    assert (s.term, s.key_rev, s.leader, leads(s, clock.monotonic())) == (1, 7, "n1", True)
 
 
 def test_the_leader_renews_at_its_revision_and_the_lease_runs_from_the_send_time() -> None:
@@ -118,9 +123,9 @@ def test_a_follower_takes_over_only_after_the_revision_stood_still_for_a_ttl() -
     assert not any(isinstance(e, Acquire) for e in eff)
     clock.advance(0.1)
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert Acquire(Lease("n2", 0), 3) in eff  # update(last=3): fails if n1 renewed meanwhile
+    assert Acquire(Lease("n2", 4), 3) in eff  # update(last=3): fails if n1 renewed meanwhile
     s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 12), clock.monotonic())
-    assert BecameLeader(12) in eff and s.term == 12
+    assert BecameLeader(4) in eff and s.term == 4
 
 
 def test_after_the_backend_lost_writes_a_lease_below_the_floor_is_void_and_taken_over() -> None:
@@ -136,7 +141,7 @@ def test_after_the_backend_lost_writes_a_lease_below_the_floor_is_void_and_taken
     assert (s.key_rev, s.term, s.leader) == (60, 52, "n4")  # a read may be stale: ignored
     clock.advance(3.0)
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert Acquire(Lease("n2", 0), 60) in eff
+    assert Acquire(Lease("n2", 53), 60) in eff
     s, eff = decide(
         s, CasDone("acquire", clock.monotonic(), False, 45, Lease("n1", 40)), clock.monotonic()
     )
@@ -148,7 +153,7 @@ def test_after_the_backend_lost_writes_a_lease_below_the_floor_is_void_and_taken
     assert BecameLeader(53) in eff
     assert (s.term, s.leader, s.key_rev, leads(s, clock.monotonic())) == (53, "n2", 46, True)
     # the old-term holder's renewal is refused and it follows term 53
-    old = _leader(clock, "n1", 40)
+    old = _leader(clock, "n1", 40, 40)
     clock.advance(0.5)
     old, _ = decide(old, Tick(), clock.monotonic())
     old, eff = decide(
@@ -158,19 +163,23 @@ def test_after_the_backend_lost_writes_a_lease_below_the_floor_is_void_and_taken
     assert (old.leader, old.term, old.key_void) == ("n2", 53, False)
 
 
-def test_an_acquire_that_wins_below_the_floor_leads_nobody_and_asks_above_it() -> None:
-    """The backend went back under the acquirer itself: a win at revision 45 while term 52
-    is known would be refused by every fenced store, so it re-asks at term 53."""
+def test_an_acquire_that_wins_below_a_term_seen_meanwhile_leads_nobody_and_asks_above_it() -> None:
+    """The acquire asked term 53; before its answer a term-60 lease was seen (the backend
+    went back under the acquirer, then forward): a win at 53 would be refused by every
+    fenced store, so it re-asks at term 61. A win at a lower *revision* is no such case:
+    the term is in the value (issue 25 bug 10)."""
     clock = FakeClock()
     s = LeaderState("n2", CFG, since=clock.monotonic())
     s, _ = decide(s, KeySeen(60, Lease("n4", 52)), clock.monotonic())
     clock.advance(3.0)
     s, eff = decide(s, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 53), 60) in eff
+    s, _ = decide(s, KeySeen(70, Lease("n5", 60)), clock.monotonic())
     s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 45), clock.monotonic())
     assert not any(isinstance(e, BecameLeader) for e in eff) and not s.is_leader
     clock.advance(0.5)
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert Acquire(Lease("n2", 53), 45) in eff
+    assert Acquire(Lease("n2", 61), 45) in eff
 
 
 def test_a_renewal_seen_resets_the_followers_clock_and_a_lost_race_is_adopted() -> None:
@@ -186,7 +195,7 @@ def test_a_renewal_seen_resets_the_followers_clock_and_a_lost_race_is_adopted() 
     assert (s.leader, s.key_rev) == ("n1", 5)
     clock.advance(1.0)
     s, eff = decide(s, Tick(), clock.monotonic())
-    assert Acquire(Lease("n2", 0), 5) in eff
+    assert Acquire(Lease("n2", 4), 5) in eff
     s, _ = decide(
         s, CasDone("acquire", clock.monotonic(), False, 8, Lease("n3", 8)), clock.monotonic()
     )
@@ -261,6 +270,7 @@ class Register:
 
     rev: int = 0
     keys: dict[str, tuple[int, Lease | None]] = field(default_factory=dict)
+    acquires: int = 0  # writes that changed the term (won elections)
 
     def cas(self, lease: Lease, last: int) -> tuple[bool, int, Lease | None]:
         cur_rev, cur = self.keys.get("leader", (0, None))
@@ -268,6 +278,7 @@ class Register:
             return False, cur_rev, cur
         self.rev += 1
         self.keys["leader"] = (self.rev, lease)
+        self.acquires += cur is None or lease.term != cur.term
         return True, self.rev, lease
 
 
@@ -296,8 +307,6 @@ def test_at_most_one_node_leads_at_any_instant_and_terms_only_grow(seed: int) ->
                 ev = CasDone("heartbeat", sent, True, reg.rev)
             else:
                 ok, rev, cur = reg.cas(eff.lease, eff.last)  # type: ignore[attr-defined]
-                if ok and isinstance(eff, Acquire):
-                    reg.keys["leader"] = (rev, Lease(node, rev))
                 ev = CasDone(_op(eff), sent, ok, rev, None if ok else cur)
             states[node], new = decide(states[node], ev, t)
             _queue(inflight, rng, node, new, t)
@@ -314,6 +323,8 @@ def test_at_most_one_node_leads_at_any_instant_and_terms_only_grow(seed: int) ->
             holders.setdefault(states[n].term, set()).add(n)
     assert all(len(h) == 1 for h in holders.values())
     assert len(holders) >= 2  # the cuts moved the lease at least once
+    # consecutive terms: never above the number of elections won
+    assert max(holders) <= reg.acquires, (sorted(holders), reg.acquires)
 
 
 def _op(eff: object) -> str:
@@ -324,3 +335,99 @@ def _queue(inflight: list, rng: random.Random, node: str, effects: list, t: floa
     for e in effects:
         if isinstance(e, Acquire | Renew | Heartbeat):
             inflight.append((round(t + rng.choice([0.05, 0.1, 0.4, 1.0]), 2), node, e, t))
+
+
+# -- issue 25: consecutive terms (bug 10), a lost key (bug 4), candidates, a new backend --
+def test_terms_go_up_by_one_per_election_while_the_revision_jumps() -> None:
+    """The terms a user saw were 2 -> 527 -> 1020 -> 4190: the revision of a bucket that
+    heartbeats write to. Now three elections give three consecutive terms."""
+    clock = FakeClock()
+    s1 = _leader(clock, "n1", rev=2)
+    assert s1.term == 1
+    terms = [1]
+    holder, rev = "n1", 2
+    for me, jump in (("n2", 525), ("n3", 493), ("n1", 3170)):
+        s = LeaderState(me, CFG, since=clock.monotonic())
+        s, _ = decide(s, KeySeen(rev + jump, Lease(holder, terms[-1])), clock.monotonic())
+        clock.advance(3.0)  # the holder stopped renewing
+        s, eff = decide(s, Tick(), clock.monotonic())
+        assert Acquire(Lease(me, terms[-1] + 1), rev + jump) in eff
+        rev = rev + jump + 1
+        s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, rev), clock.monotonic())
+        assert BecameLeader(terms[-1] + 1) in eff
+        terms.append(s.term)
+        holder = me
+    assert terms == [1, 2, 3, 4]
+
+
+def test_an_upgrade_from_revision_terms_starts_above_the_revision_floor() -> None:
+    """A lease written by the old version says `term: 0` ("my revision") or carries the
+    revision as its term: the first consecutive term is above it, never below."""
+    clock = FakeClock()
+    for seen in (Lease("old", 0), Lease("old", 4190)):
+        s = LeaderState("n2", CFG, since=clock.monotonic())
+        s, _ = decide(s, KeySeen(4190, seen), clock.monotonic())
+        assert s.term == 4190
+        clock.advance(3.0)
+        s, eff = decide(s, Tick(), clock.monotonic())
+        assert Acquire(Lease("n2", 4191), 4190) in eff
+        s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 4195), clock.monotonic())
+        assert BecameLeader(4191) in eff and accepts(4190, s.term) and not accepts(s.term, 4190)
+
+
+def test_a_lost_leader_key_is_created_again_above_the_floor() -> None:
+    """Issue 25 bug 4: the key was purged. The holder's renewal and a follower's takeover
+    are refused and find no key (the shell reports it as refused with no lease, not as
+    unavailable): both ask to create it at floor + 1 at once, and CAS picks one."""
+    clock = FakeClock()
+    s = _leader(clock, "n1", rev=40, term=5)
+    f = LeaderState("n2", CFG, since=clock.monotonic())
+    f, _ = decide(f, KeySeen(40, Lease("n1", 5)), clock.monotonic())
+    clock.advance(0.5)
+    s, eff = decide(s, Tick(), clock.monotonic())
+    assert Renew(Lease("n1", 5), 40) in eff
+    s, eff = decide(s, CasDone("renew", clock.monotonic(), False, 0, None), clock.monotonic())
+    assert LostLeadership(5, "the lease moved to nobody") in eff
+    assert Acquire(Lease("n1", 6), 0) in eff  # create, at once, above the floor
+    clock.advance(2.5)  # the follower's TTL: its takeover finds no key either
+    f, eff = decide(f, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 6), 40) in eff
+    f, eff = decide(f, CasDone("acquire", clock.monotonic(), False, 0, None), clock.monotonic())
+    clock.advance(0.5)
+    f, eff = decide(f, Tick(), clock.monotonic())
+    assert Acquire(Lease("n2", 6), 0) in eff
+    # the stream came back empty: the create wins at revision 1, still at term 6
+    s, eff = decide(s, CasDone("acquire", clock.monotonic(), True, 1), clock.monotonic())
+    assert BecameLeader(6) in eff and leads(s, clock.monotonic())
+
+
+def test_candidate_while_an_election_is_under_way() -> None:
+    clock = FakeClock()
+    s = LeaderState("n2", CFG, since=clock.monotonic())
+    assert candidate(s, clock.monotonic())  # no key known: asking for it
+    s, _ = decide(s, KeySeen(3, Lease("n1", 1)), clock.monotonic())
+    assert not candidate(s, clock.monotonic())  # a live lease: a follower
+    clock.advance(3.0)
+    assert candidate(s, clock.monotonic())  # unrenewed for a TTL: an election
+    s, eff = decide(s, Tick(), clock.monotonic())
+    s, _ = decide(s, CasDone("acquire", clock.monotonic(), True, 9), clock.monotonic())
+    assert leads(s, clock.monotonic()) and not candidate(s, clock.monotonic())
+
+
+def test_a_term_seen_in_gossip_raises_the_floor_and_resign_empties_the_key() -> None:
+    """ADR 0080: a lone server's KV is replaced by the cluster's (empty) one. The lone
+    leader resigns; a joiner that saw its term in gossip asks above it."""
+    clock = FakeClock()
+    lone = _leader(clock, "n1", rev=9, term=3)
+    lone, eff = decide(lone, Resign("restarting clustered"), clock.monotonic())
+    assert LostLeadership(3, "restarting clustered") in eff and not leads(lone, clock.monotonic())
+    clock.advance(0.5)  # acquires are spaced by renew_s
+    lone, eff = decide(lone, Tick(), clock.monotonic())
+    assert Acquire(Lease("n1", 4), 0) in eff
+    joiner = LeaderState("n2", CFG, since=clock.monotonic())
+    joiner, eff = decide(joiner, TermSeen(3), clock.monotonic())
+    assert joiner.term == 3 and Acquire(Lease("n2", 4), 0) in eff
+    # a leader that sees a higher term elsewhere stops leading
+    other = _leader(clock, "n3", rev=2, term=1)
+    other, eff = decide(other, TermSeen(3), clock.monotonic())
+    assert LostLeadership(1, "term 3 seen elsewhere") in eff and not other.is_leader

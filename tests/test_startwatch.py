@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from kovanex.core import placing, scoring
 from kovanex.core import startwatch as sw
 from kovanex.core import task as taskcore
 from kovanex.core.scoring import NodeInfo
+from kovanex.testing import node_info
 
 DEADLINE = 10.0
 
@@ -78,4 +82,79 @@ def test_candidates_drop_excluded_nodes() -> None:
     nodes = [NodeInfo(name=n, role="RUNNER") for n in ("n1", "n2", "n3")]
     assert [n.name for n in sw.candidates(nodes, frozenset({"n3"}))] == ["n1", "n2"]
     msg = sw.all_excluded_reason(frozenset({"n3"}), "no node has a free runner slot")
-    assert "n3" in msg and "push again or add a node" in msg
+    assert "n3" in msg and "`kovanex task retry` lets them try again, or add a node" in msg
+
+
+# -- issue 25 bugs 1 and 9: nothing revived an excluded task ---------------------------------
+def _excluded_then_unschedulable() -> tuple[taskcore.TaskView, list[taskcore.Transition | None]]:
+    """The user's story: `requires = ["sast"]`, only n3 provides it; n3 restarted and missed
+    the placement deadline, so it was excluded and the task went unschedulable."""
+    view = placed("n3", 4)
+    w = sw.watch(view, None, 100.0)
+    requeue = sw.decide(view, w, 110.0, DEADLINE, None, frozenset())
+    assert requeue is not None and requeue.extra["Excluded"] == "n3"
+    queued = taskcore.apply(view, "c2", requeue)
+    unsched = taskcore.mark_unschedulable(queued, "every node that could run this task failed")
+    history = [unsched, requeue, taskcore.Transition(taskcore.PLACED, 4, node="n3")]
+    return taskcore.apply(queued, "c3", unsched), history
+
+
+def _sast_on_n3(excl: frozenset[str]) -> placing.Decision:
+    nodes = [node_info("n1"), node_info("n3", capabilities=frozenset({"sast"}))]
+    req = scoring.TaskRequest("t1", "demo", requires=frozenset({"sast"}))
+    return placing.decide(nodes, req, "best-fit", excl)
+
+
+def test_retry_revives_an_unschedulable_task_and_clears_its_exclusions() -> None:
+    view, history = _excluded_then_unschedulable()
+    excl = sw.excluded(history)
+    assert view.state == taskcore.UNSCHEDULABLE and excl == {"n3"}
+    assert _sast_on_n3(excl).node is None  # n3 is idle again, but excluded
+    tr = sw.retried(view, excl)
+    assert (tr.state, tr.epoch) == (taskcore.QUEUED, view.epoch)
+    trailers = dict(tr.to_trailers())
+    assert trailers["Kovanex-Excluded-Cleared"] == "n3"  # auditable: who was let back in
+    back = taskcore.Transition.from_trailers(trailers)  # as the ledger reads it back
+    assert sw.excluded([back, *history]) == frozenset()
+    assert _sast_on_n3(sw.excluded([back, *history])).node == "n3"
+    # a later miss excludes afresh from there, not on top of the cleared set
+    again = sw.decide(placed("n3", 6), sw.Watch("n3", 6, 0.0), 10.0, DEADLINE, None,
+                      sw.excluded([back, *history]))  # fmt: skip
+    assert again is not None and again.extra["Excluded"] == "n3"
+
+
+def test_schedule_and_reschedule_revive_held_and_unschedulable_tasks() -> None:
+    view, history = _excluded_then_unschedulable()
+    tr = sw.revive(view, sw.excluded(history), "scheduled via API")
+    assert tr.state == taskcore.QUEUED and tr.extra["Excluded-Cleared"] == "n3"
+    held = placed("n2", 7)
+    tr = sw.revive(held, frozenset({"n3"}), "rescheduled via API")
+    assert (tr.state, tr.epoch, tr.reason) == (taskcore.QUEUED, 8, "rescheduled via API")
+    assert tr.extra["Excluded-Cleared"] == "n3"
+    assert "Excluded-Cleared" not in sw.revive(held, frozenset(), "r").extra  # nothing to clear
+    with pytest.raises(taskcore.IllegalTransition) as e:
+        sw.revive(taskcore.TaskView("t1", taskcore.SUCCEEDED, 3), frozenset(), "r")
+    assert "retry applies to unschedulable, failed, cancelled tasks" in str(e.value)
+
+
+def test_the_retry_refusal_names_states_not_events() -> None:
+    """It said "cannot retry from state 'unschedulable' (allowed: place, unschedulable,
+    cancel)": a list of events that read as states, and contradicted itself."""
+    with pytest.raises(taskcore.IllegalTransition) as e:
+        taskcore.retry(taskcore.TaskView("t1", taskcore.RUNNING, 3, node="n1"))
+    assert str(e.value) == (
+        "task t1: cannot retry a running task (retry applies to unschedulable, failed, "
+        "cancelled tasks; a running task allows: step, reattempt, succeed, fail, requeue, cancel)"
+    )
+
+
+def test_a_node_that_joins_again_is_let_back_in() -> None:
+    view, history = _excluded_then_unschedulable()
+    both = sw.excluded(history) | {"n4"}
+    tr = sw.rejoined(view, both, "n3")
+    assert tr is not None and tr.state == taskcore.QUEUED
+    assert (tr.extra["Excluded-Cleared"], tr.extra["Excluded"]) == ("n3", "n4")
+    assert tr.reason == "node n3 joined again; its exclusion is cleared"
+    assert sw.excluded([tr, *history]) == {"n4"}
+    assert sw.rejoined(view, both, "n9") is None  # not excluded: nothing to do
+    assert sw.rejoined(placed("n2", 7), both, "n3") is None  # only unschedulable tasks

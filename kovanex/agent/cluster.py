@@ -189,6 +189,7 @@ class Cluster:
                     "repos_replica": inv.get("replica", []),
                     "http": meta.get("http", ""),
                     "nats": meta.get("nats"),  # [client, cluster] port: runs nats-server
+                    "lease_term": meta.get("lease_term", 0),  # highest term it knows
                 }
             )
         return sorted(out, key=lambda d: d["name"])

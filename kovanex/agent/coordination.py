@@ -27,7 +27,7 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.natsserver import NatsServer
 from kovanex.coordcfg import ENABLE_HINT
 from kovanex.core import leader as core
-from kovanex.core import rejoin
+from kovanex.core import rejoin, servers
 from kovanex.core.effects import SetTimer
 
 log = logging.getLogger("kovanex.coordination")
@@ -173,8 +173,13 @@ class NatsCoordination:
 
     # -- lifecycle ---------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
+        """Gossip meta: our NATS ports, and the highest term we know (`lease_term`: a
+        new KV, e.g. a lone server's turned clustered, starts above it; ADR 0080)."""
         c = self.ctx.cfg.coordination
-        return {"nats": [c.client_port, c.cluster_port]} if self.server is not None else {}
+        out: dict[str, Any] = {"lease_term": self.state.term}
+        if self.server is not None:
+            out["nats"] = [c.client_port, c.cluster_port]
+        return out
 
     def _peers(self, gone_too: bool = False) -> list[tuple[str, int, int]]:
         """(host, client port, cluster port) of members that run NATS, us included.
@@ -190,9 +195,16 @@ class NatsCoordination:
             out.append((m["addr"].rpartition(":")[0], int(ports[0]), int(ports[1])))
         return sorted(set(out))
 
+    def _lone(self) -> bool:
+        assert self.server is not None
+        others = len(self._peers(gone_too=True)) - 1
+        joins = len(self.ctx.cfg.join)
+        return servers.lone_nats_server(others, joins, self.server.was_clustered)
+
     async def start(self) -> None:
         if self.server is not None:
-            await self.server.start(f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
+            routes = [f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True)]
+            await self.server.start(routes, solo=self._lone())
         self.tasks = [
             asyncio.create_task(self._connect_and_drive()),
             asyncio.create_task(self._keep_routes()),
@@ -212,7 +224,13 @@ class NatsCoordination:
     async def _keep_routes(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            if self.server is not None:
+            self._floor_from_gossip()
+            if self.server is not None and self.server.solo and not self._lone():
+                routes = [f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True)]
+                log.info("another NATS server joined: leaving solo mode, routes %s", routes)
+                self._apply(core.Resign("the lone NATS server restarts clustered"))
+                self.server.join_cluster(routes, self._auth())
+            elif self.server is not None:
                 routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
                 was = (self.server.routes, self.server.auth.users)
                 if self.server.set_routes(routes, self._auth()):  # host:port only: no secret
@@ -221,6 +239,13 @@ class NatsCoordination:
                     if was[1] != self.server.auth.users:
                         log.info("nats users now follow %d gossip key(s)", len(self.keys()))
             await self._grow_bucket()
+
+    def _floor_from_gossip(self) -> None:
+        """The highest term any member announces raises our floor (core.TermSeen)."""
+        seen = [int(m.get("lease_term") or 0) for m in self.members()]
+        top = max(seen, default=0)
+        if top > self.state.term:
+            self._apply(core.TermSeen(top))
 
     # -- the NATS client ---------------------------------------------------------------
     async def _connect_and_drive(self) -> None:
@@ -293,10 +318,19 @@ class NatsCoordination:
         """A bucket made while fewer servers were known gets more replicas as they join."""
         if self.kv is None or self.nc is None or self.server is None:
             return
+        from nats.js.errors import NotFoundError
+
         try:
             js = self.nc.jetstream(timeout=1.0)
-            info = await js.stream_info(f"KV_{BUCKET}")
+            try:
+                info = await js.stream_info(f"KV_{BUCKET}")
+            except NotFoundError:  # a new cluster (we left solo mode): make it there
+                n = min(MAX_REPLICAS, len(self._peers()))
+                info = await js.add_stream(natsauth.kv_stream(max(1, n)))
+                log.info("KV bucket made in the new cluster (%d replicas)", max(1, n))
             self.kv_replication = _replication(info)
+            if info.cluster is not None and info.cluster.name:  # clustered (solo: no name)
+                self.server.mark_clustered()
             want = min(MAX_REPLICAS, len(self._peers()))
             grow = info.config.num_replicas < want
             if grow or not natsauth.locked(info.config):  # a bucket an older version made, too
@@ -377,7 +411,9 @@ class NatsCoordination:
         op = {core.Acquire: "acquire", core.Renew: "renew", core.Heartbeat: "heartbeat"}[type(e)]
         try:
             if isinstance(e, core.Heartbeat):
-                body = {"term": self.state.term, "leader": self.state.leader, "at": self._wall()}
+                cand = core.candidate(self.state, self.ctx.clock.monotonic())
+                body = {"term": self.state.term, "leader": self.state.leader,
+                        "candidate": cand, "at": self._wall()}  # fmt: skip
                 rev = await self.kv.put(f"node.{self.ctx.name}", json.dumps(body).encode())
             else:
                 value = json.dumps({"holder": e.lease.holder, "term": e.lease.term}).encode()
@@ -387,13 +423,24 @@ class NatsCoordination:
                     rev = await self.kv.update(LEADER_KEY, value, last=e.last)
             ev = core.CasDone(op, sent, True, rev)
         except KeyWrongLastSequenceError:
-            rev, lease = await self._read_leader()
-            ev = core.CasDone(op, sent, False, rev, lease, unavailable=rev == 0)
+            ev = await self._refused(op, sent)
         except Exception as ex:  # noqa: BLE001 - no responders, timeout, reconnecting
             log.debug("%s unavailable: %s", op, ex)
             ev = core.CasDone(op, sent, False, unavailable=True)
         self._apply(ev)
         self.wake.set()
+
+    async def _refused(self, op: str, sent: float) -> core.CasDone:
+        """A CAS the backend refused: its answer is the key as it is now. A key that is not
+        there (purged, deleted, a stream made anew) is an answer too, `(0, None)`: the
+        decider creates it again above its floor (ADR 0079). Only an unreadable key is
+        "unavailable"."""
+        try:
+            rev, lease = await self._read_leader(strict=True)
+        except Exception as ex:  # noqa: BLE001 - no responders, timeout
+            log.debug("%s refused, and the key is unreadable: %s", op, ex)
+            return core.CasDone(op, sent, False, unavailable=True)
+        return core.CasDone(op, sent, False, rev, lease)
 
     async def _read_leader(self, strict: bool = False) -> tuple[int, core.Lease | None]:
         """(revision, lease) of the leader key; (0, None) when it is absent, or unreachable
@@ -431,6 +478,7 @@ class NatsCoordination:
             await asyncio.sleep(period)
 
     async def _drive(self) -> None:
+        self._floor_from_gossip()  # before the first acquire: a new KV starts above it
         self._apply(core.Tick())
         while True:
             delay = max(0.0, self.wake_at - self.ctx.clock.monotonic())
@@ -439,6 +487,7 @@ class NatsCoordination:
             except TimeoutError:
                 pass
             self.wake.clear()
+            self._floor_from_gossip()
             self._apply(core.Tick())
 
     # -- queries -------------------------------------------------------------------------
@@ -491,8 +540,12 @@ class NatsCoordination:
             hb = self.heartbeats.get(m["name"])
             role = "leader" if m["name"] == leader and held else "follower"
             term = int(hb[0].get("term", 0)) if hb else 0
+            if role == "follower" and hb is not None and hb[0].get("candidate"):
+                role = "candidate"  # asking for the lease: an election is under way
             if m["name"] == self.ctx.name:
                 term = self.state.term
+                if role != "leader" and core.candidate(self.state, now):
+                    role = "candidate"
             ago = None if hb is None else max(0.0, self._wall() - float(hb[0].get("at", 0)))
             rows.append(
                 {

@@ -14,8 +14,10 @@ from typing import Any
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskLocks
-from kovanex.core import scheduler
+from kovanex.core import scheduler, startwatch
+from kovanex.core import task as taskcore
 from kovanex.core.effects import WriteRef
+from kovanex.gitstate.ledger import NoSuchTask, exclusions
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.gossip import GossipNode
 
@@ -44,6 +46,37 @@ class Failover:
         """Membership changed: capacity may have appeared, or a lease holder died."""
         if topic in ("member-failed", "member-leave"):
             asyncio.get_running_loop().create_task(self.requeue_held_by(member.name))
+        elif topic == "member-join":
+            asyncio.get_running_loop().create_task(self.let_back(member.name))
+        self.changed()
+
+    async def let_back(self, node: str) -> None:
+        """`node` joined again (restarted, or back from dead): the unschedulable tasks that
+        excluded it are queued again with it let back in (core: startwatch.rejoined)."""
+        owned = self.repos.owned()
+        keys = (
+            [(r, t) for r in owned for t in self.repos.ledger(r).list_tasks()]
+            if self.tracked is None
+            else sorted(k for k in self.tracked() if k[0] in owned)
+        )
+        for repo, task_id in keys:
+            ledger = self.repos.ledger(repo)
+            async with self.locks.of((repo, task_id)):
+                try:
+                    view = ledger.read(task_id)
+                except NoSuchTask:  # archived or moved meanwhile
+                    continue
+                if view.state != taskcore.UNSCHEDULABLE:
+                    continue
+                tr = startwatch.rejoined(view, exclusions(ledger, task_id), node)
+                if tr is None:
+                    continue
+                try:
+                    ledger.append(task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+                except (CasConflict, StaleEpoch):
+                    continue
+                log.info("%s/%s queued again: %s", repo, task_id, tr.reason)
+                self.requeued(repo, task_id)
         self.changed()
 
     def status(self) -> dict[str, str]:

@@ -10,6 +10,12 @@ and every route the cluster's route login (ADR 0059). Routes come from gossip: m
 whose meta says they run NATS (`nats` = their cluster port). When the set changes the
 config is rewritten and the server reloaded (SIGHUP); NATS also gossips routes among its
 servers, so one good route is enough to join.
+
+A lone server runs JetStream without a cluster block (ADR 0080): clustered JetStream
+needs at least two peers before its meta group elects (`quorum_needed 2`), so a lone node
+with only itself in its routes never had a KV. When a second server appears the lone one
+restarts clustered, with its own store (`js`, the lone one is `solo`), and never goes
+back to solo mode after that.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def render_config(
     store: Path,
     routes: Iterable[str],
     auth: ServerAuth,
+    solo: bool = False,
 ) -> str:
     """nats-server's config. `sync_interval: always`: Jepsen (NATS 2.12.1) lost
     acknowledged writes under the 2-minute default on crashes and power loss. No `http`
@@ -68,6 +75,17 @@ def render_config(
         f"permissions: {perms}}}"
         for u in auth.users
     ]
+    cluster = [
+        "cluster {",
+        f"  name: {json.dumps(auth.cluster)}",
+        f"  listen: {json.dumps(f'{host}:{cfg.cluster_port}')}",
+        "  authorization {",
+        f"    user: {json.dumps(r.user)}",
+        f"    password: {json.dumps(r.password)}",
+        "  }",
+        f"  routes: [{route_list}]",
+        "}",
+    ]
     return "\n".join(
         [
             f"server_name: {json.dumps(name)}",
@@ -81,15 +99,7 @@ def render_config(
             f"  store_dir: {json.dumps(str(store))}",
             "  sync_interval: always",
             "}",
-            "cluster {",
-            f"  name: {json.dumps(auth.cluster)}",
-            f"  listen: {json.dumps(f'{host}:{cfg.cluster_port}')}",
-            "  authorization {",
-            f"    user: {json.dumps(r.user)}",
-            f"    password: {json.dumps(r.password)}",
-            "  }",
-            f"  routes: [{route_list}]",
-            "}",
+            *([] if solo else cluster),
             "",
         ]
     )
@@ -119,6 +129,8 @@ class NatsServer:
         self.dir = root / "nats"
         self.conf = self.dir / "nats.conf"
         self.routes: frozenset[str] = frozenset()
+        self.solo = False
+        self._switching = False
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self._task: asyncio.Task[None] | None = None
@@ -131,8 +143,9 @@ class NatsServer:
     def _write(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.dir, 0o700)  # also for a dir an older version made 0755
+        store = self.dir / ("solo" if self.solo else "js")
         text = render_config(
-            self.name, self.host, self.cfg, self.dir / "js", self.routes, self.auth
+            self.name, self.host, self.cfg, store, self.routes, self.auth, self.solo
         )
         tmp = self.conf.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -141,8 +154,22 @@ class NatsServer:
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.conf)
 
-    async def start(self, routes: Iterable[str]) -> None:
+    @property
+    def was_clustered(self) -> bool:
+        """This server has held the lease's stream in a cluster. A `js` store alone proves
+        nothing: an older version's lone server made one while it waited for routing."""
+        if (self.dir / "clustered").exists():
+            return True
+        return any((self.dir / "js" / "jetstream").glob("*/streams/KV_*"))
+
+    def mark_clustered(self) -> None:
+        """The lease's bucket answered in a cluster: never solo again (ADR 0080)."""
+        if not self.solo and not (self.dir / "clustered").exists():
+            (self.dir / "clustered").touch()
+
+    async def start(self, routes: Iterable[str], solo: bool = False) -> None:
         self.routes = frozenset(routes)
+        self.solo = solo
         self._write()
         await self._spawn()
         self._task = asyncio.create_task(self._supervise())
@@ -171,6 +198,11 @@ class NatsServer:
             rc = await self.proc.wait()
             if self._stopping:
                 return
+            if self._switching:  # left solo mode: start clustered at once
+                self._switching = False
+                log.info("nats-server %s restarts clustered", self.name)
+                await self._spawn()
+                continue
             self.restarts += 1
             log.warning("nats-server exited (%s); restarting in %.1fs", rc, delay)
             await asyncio.sleep(delay)
@@ -191,6 +223,17 @@ class NatsServer:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGHUP)
         return True
+
+    def join_cluster(self, routes: Iterable[str], auth: ServerAuth | None = None) -> None:
+        """Leave solo mode: rewrite the config with the cluster block and restart (a reload
+        cannot turn clustering on); the supervisor starts it again."""
+        self.routes = frozenset(routes)
+        self.auth = auth or self.auth
+        self.solo = False
+        self._write()
+        if self.proc is not None and self.proc.returncode is None:
+            self._switching = True
+            self.proc.terminate()
 
     async def stop(self) -> None:
         self._stopping = True

@@ -15,9 +15,9 @@ from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
-from kovanex.core import placing, scoring, startwatch
+from kovanex.core import placing, scoring
 from kovanex.core.scheduler import Decision
-from kovanex.gitstate.ledger import TaskLedger, transition_of
+from kovanex.gitstate.ledger import TaskLedger, exclusions
 
 
 class Placer:
@@ -39,11 +39,7 @@ class Placer:
 
     def excluded(self, repo: str, task_id: str) -> frozenset[str]:
         """Nodes that failed to start this task (Kovanex-Excluded, ADR 0012)."""
-        led = self.ledger(repo)
-        tip = led.tip(task_id)
-        if tip is None:
-            return frozenset()
-        return startwatch.excluded(transition_of(c.message) for c in led.store.walk(tip))
+        return exclusions(self.ledger(repo), task_id)
 
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
         req = spec.request(repo, task_id)

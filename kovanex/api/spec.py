@@ -203,10 +203,13 @@ OPS: tuple[Op, ...] = (
                      "stats": ANY_OBJ}, ("node", "members", "topics")), blocking=True),
     # -- scheduling ----------------------------------------------------------------------
     Op("ScheduleTask", "POST", TASK + "/schedule", "push",
-       "Run a placement pass for a queued task now", "scheduling",
+       "Place a task now: a submitted one (pushed with -o skip) is queued, an unschedulable "
+       "one queued again with its node exclusions cleared, then a placement pass runs",
+       "scheduling",
        response=ref("Task"), write=True),
     Op("RescheduleTask", "POST", TASK + "/reschedule", "push",
-       "Take a placed or running task back and place it again (epoch bump fences the old)",
+       "Take a placed or running task back (epoch bump fences the old) or an unschedulable "
+       "one, clear its node exclusions, and place it again",
        "scheduling", body=obj({"reason": {"type": "string", "maxLength": 200}}, extra=False),
        response=ref("Task"), write=True),
     Op("GetTaskPlacement", "GET", TASK + "/placement", "read",
@@ -250,7 +253,8 @@ OPS: tuple[Op, ...] = (
        body=obj({"reason": {"type": "string", "maxLength": 200}}, extra=False),
        response=ref("Task"), write=True),
     Op("RetryTask", "POST", TASK + "/retry", "push",
-       "Queue a failed or cancelled task again", "tasks", response=ref("Task"), write=True),
+       "Queue a failed, cancelled or unschedulable task again; its node exclusions are "
+       "cleared", "tasks", response=ref("Task"), write=True),
     Op("GetStepLog", "GET", "/v1/nodes/{name}/logs/{repository}/{task}/{index}", "read",
        "A step's log as the named node wrote it (kovanex/api/logs.py); from `offset` on, "
        "or head and tail", "tasks", query={"offset": I0},

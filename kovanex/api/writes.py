@@ -22,10 +22,12 @@ from kovanex import spec as specmod
 from kovanex.agent.scaling import ApplyError
 from kovanex.api import reads
 from kovanex.api.router import ApiError, Call, Handler
+from kovanex.core import startwatch
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.gitstate.refs import task_ref, valid_task_id
 from kovanex.inputlimits import InputLimits
+from kovanex.pushcheck import queue_submission
 from kovanex.runner import units as unitsmod
 from kovanex.spec import SPEC_PATH
 from kovanex.tokens import TokenError, parse_duration
@@ -207,13 +209,29 @@ def handlers(agent: Agent) -> dict[str, Handler]:
             return {"published": False, "reason": f"gossip cannot carry this value: {e}"}
         return {"published": True}
 
+    def revive(c: Call, why: str | None) -> Callable[[taskcore.TaskView], Any]:
+        """A person asks again: the transition clears the task's node exclusions (None:
+        retry, which leaves a held lease alone)."""
+        excl = a.placer.excluded(c.params["repo"], c.params["task"])
+        if why is None:
+            return lambda v: startwatch.retried(v, excl)
+        return lambda v: startwatch.revive(v, excl, why)
+
     async def schedule(c: Call) -> Any:
+        """Start what waits for a person (issue 25): a task pushed with `-o skip` is
+        queued, an unschedulable one queued again without its exclusions; then a pass."""
         repo, task_id = c.params["repo"], c.params["task"]
         led = reads.ledger_of(a, repo, task_id)
         view = led.read(task_id)
-        if view.state != taskcore.QUEUED:
-            raise ApiError(409, f"task {task_id} is {view.state}; only queued tasks are "
-                           "scheduled (RescheduleTask moves a placed one)", code="not_queued")  # fmt: skip
+        if view.state == taskcore.SUBMITTED:
+            async with a.locks.of((repo, task_id)):
+                queue_submission(led, task_id, None, a.ctx.cfg.limits, even_skipped=True)
+        elif view.state == taskcore.UNSCHEDULABLE:
+            await transition(a, repo, task_id, revive(c, "scheduled via API"))
+        elif view.state != taskcore.QUEUED:
+            raise ApiError(409, f"task {task_id} is {view.state}; ScheduleTask starts a "
+                           "submitted, queued or unschedulable task (RescheduleTask moves a "
+                           "placed one, RetryTask a failed one)", code="not_queued")  # fmt: skip
         a.scheduler.after_write(repo, task_id)
         await a.scheduler.schedule_pending()
         return reads.task_row(repo, task_id, led.read(task_id))
@@ -304,7 +322,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         "Gossip": gossip,
         "ScheduleTask": schedule,
         "RescheduleTask": task_op(
-            lambda c: lambda v: taskcore.requeue(v, c.body.get("reason") or "rescheduled via API")
+            lambda c: revive(c, c.body.get("reason") or "rescheduled via API")
         ),
         "SetReplicationLevel": replication,
         "ApplyScaleAction": scale_apply,
@@ -312,7 +330,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         "CancelTask": task_op(
             lambda c: lambda v: taskcore.cancel(v, c.body.get("reason") or "cancelled via API")
         ),
-        "RetryTask": task_op(lambda c: taskcore.retry),
+        "RetryTask": task_op(lambda c: revive(c, None)),
         "CreateToken": create_token,
         "RevokeToken": revoke_token,
         "ProvisionUnits": provision,

@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--reason", default="cancelled by user")
     c.set_defaults(func=cmd_cancel)
 
-    r = ts.add_parser("retry", help="queue a failed or cancelled task again")
+    r = ts.add_parser(
+        "retry", help="queue a failed, cancelled or unschedulable task again (clears exclusions)"
+    )
     r.add_argument("id")
     r.add_argument("--repo")
     r.set_defaults(func=cmd_retry)
@@ -266,10 +268,16 @@ def cmd_cancel(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 
 
 def cmd_retry(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
+    from kovanex.core import startwatch
+    from kovanex.gitstate.ledger import exclusions
+
     repo, led = find_task(layout, args.id, args.repo, archived_ok=False)
-    tr = _transition(led, args.id, taskcore.retry)
+    excl = exclusions(led, args.id)  # cleared with it, and a trailer says so
+    tr = _transition(led, args.id, lambda v: startwatch.retried(v, excl))
     # the queued commit keeps the old epoch; the run is the next placement's lease
     print(f"task {args.id} queued again; it runs at epoch {taskcore.next_lease(tr.epoch)}")
+    if excl:
+        print(f"  nodes no longer excluded: {', '.join(sorted(excl))}")
     return 0
 
 

@@ -25,8 +25,12 @@ The rules:
   delete the key and the holder can renew with `update(last=rev)` afterwards (ADR 0027).
 - Acquire: if the key is absent, `create`; if its revision has not moved for `ttl_s` of
   our own clock since we first saw it, `update(last=that rev)`. CAS decides the race.
-  The term is the revision of the winning write (the value carries `term=0` for "this
-  write's revision"; renewals carry the term itself).
+  The revision is only the CAS's `last`; the term is consecutive and lives in the value:
+  every acquire asks `floor + 1` (the highest term this node knows, + 1), so terms go
+  T, T+1, T+2 per election (ADR 0079). A value with `term=0` (written by a version whose
+  term was the revision) reads as that revision, so an upgrade starts above it.
+- Lost key: a refused CAS that finds no key (purged, deleted, a stream made anew) is the
+  backend's answer, not "unavailable": the key is created again at floor + 1 (ADR 0079).
 - Void: a refused CAS is the backend's answer now, so it is believed even when its
   revision is below what we knew (the stream lost writes: seen with a JetStream scale-up
   racing a partition). A lease whose term is below our floor is void: we take the key over
@@ -46,8 +50,8 @@ The rules:
   requeues each from its last step commit under a new epoch).
 
 Stable API (simulator and shell): `decide`, `LeaderState`, `Config`, `Lease`, the events
-`Tick`, `CasDone`, `KeySeen`, `TasksRunning`, the effects below, and `accepts`,
-`can_place`, `leads`, `quorum_of`.
+`Tick`, `CasDone`, `KeySeen`, `TasksRunning`, `TermSeen`, `Resign`, the effects below, and `accepts`,
+`can_place`, `candidate`, `leads`, `quorum_of`.
 """
 
 from __future__ import annotations
@@ -174,7 +178,24 @@ class TasksRunning:
     tasks: frozenset[Task]
 
 
-Event = Tick | CasDone | KeySeen | TasksRunning
+@dataclass(frozen=True)
+class TermSeen:
+    """A term another node announced outside the KV (its gossip meta). It only raises our
+    floor: a new backend (a lone node's KV replaced by the cluster's) starts empty, and
+    the first term written there must still exceed every term granted before (ADR 0080)."""
+
+    term: int
+
+
+@dataclass(frozen=True)
+class Resign:
+    """The backend under us is being replaced (the lone server restarts into a cluster):
+    stop leading now and treat the key as absent; the floor stays."""
+
+    reason: str
+
+
+Event = Tick | CasDone | KeySeen | TasksRunning | TermSeen | Resign
 
 
 # -- effects -------------------------------------------------------------------------------
@@ -249,6 +270,12 @@ def has_quorum(s: LeaderState, now: float) -> bool:
     return s.quorum_at is not None and now < s.quorum_at + s.config.halt_s
 
 
+def candidate(s: LeaderState, now: float) -> bool:
+    """An election is under way here: we do not lead and the key is vacant to us (absent,
+    void, or unrenewed for a TTL), so we are asking for it (`cluster status`: candidate)."""
+    return not leads(s, now) and _vacant(s, now)
+
+
 def can_place(s: LeaderState, now: float) -> bool:
     """Absolute-consistency work may be placed (by the leader) or started (here)."""
     return has_quorum(s, now) and not s.is_halted
@@ -269,6 +296,13 @@ def decide(s: LeaderState, ev: Event, now: float) -> tuple[LeaderState, list[Eff
         s = _observe(s, ev.rev, ev.lease, now, out)
     elif isinstance(ev, TasksRunning):
         s = replace(s, consistent=frozenset(ev.tasks))
+    elif isinstance(ev, TermSeen):
+        s = _raise_floor(s, ev.term, out)
+    elif isinstance(ev, Resign):
+        if s.is_leader:
+            out.append(LostLeadership(s.term, ev.reason))
+        s = replace(s, is_leader=False, lease_until=0.0, key_absent=True, key_rev=0,
+                    key_seen_at=now, key_void=False, leader=None, pending={})  # fmt: skip
     s = _timers(s, now, out)
     out.append(SetTimer(TIMER, _next_wake(s, now)))
     return s, out
@@ -287,7 +321,7 @@ def _on_result(s: LeaderState, ev: CasDone, now: float, out: list[Effect]) -> Le
         return s if ev.ok else _observe(s, ev.rev, ev.lease, now, out, refused=True)
     if ev.op == "acquire":
         term = s.asked_term or ev.rev
-        if term <= s.term and not s.is_leader:  # the backend went back under us: void
+        if term <= s.term and not s.is_leader:  # a higher term came meanwhile: ask above it
             return replace(s, key_rev=ev.rev, key_seen_at=now, key_absent=False, key_void=True)
         out.append(BecameLeader(term))
         if s.is_leader and s.term != term:
@@ -351,6 +385,17 @@ def _observe(
     )
 
 
+def _raise_floor(s: LeaderState, term: int, out: list[Effect]) -> LeaderState:
+    """A higher term exists somewhere: ours is stale. A holder at a lower term stops
+    leading (fencing would refuse its grants anyway); its lease in the KV is void."""
+    if term <= s.term:
+        return s
+    if s.is_leader:
+        out.append(LostLeadership(s.term, f"term {term} seen elsewhere"))
+        s = replace(s, is_leader=False, lease_until=0.0)
+    return replace(s, term=term, key_void=not s.key_absent)
+
+
 def _timers(s: LeaderState, now: float, out: list[Effect]) -> LeaderState:
     cfg = s.config
     if s.is_leader and now >= s.lease_until:
@@ -380,7 +425,7 @@ def _timers(s: LeaderState, now: float, out: list[Effect]) -> LeaderState:
             s = replace(s, last_renew=now)
     elif "acquire" not in pend and _vacant(s, now):
         if s.last_acquire is None or now >= s.last_acquire + cfg.renew_s:
-            asked = s.term + 1 if s.key_void else 0
+            asked = s.term + 1  # consecutive terms: one above the highest we know
             out.append(Acquire(Lease(s.me, asked), 0 if s.key_absent else s.key_rev))
             pend["acquire"] = now
             s = replace(s, last_acquire=now, asked_term=asked)

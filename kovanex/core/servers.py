@@ -23,3 +23,12 @@ def placing_server(repo: str, servers: Iterable[str]) -> str | None:
     if not names:
         return None
     return max(names, key=lambda s: (weight(repo, s), s))
+
+
+def lone_nats_server(others: int, joins: int, was_clustered: bool) -> bool:
+    """A NATS server runs JetStream alone (no cluster block) only when nothing says a
+    cluster exists: no other server in gossip, no `join` address in its config, and no
+    clustered bucket of its own (ADR 0080). Clustered JetStream waits for a second peer
+    before it elects; a node that was ever clustered must wait for its quorum instead of
+    leading a KV of its own (that would be a second leader)."""
+    return others == 0 and joins == 0 and not was_clustered

@@ -8,7 +8,11 @@ failure the runner reported over gossip) and the clock; it returns the requeue t
 
 Exclusions live in the task's own history (`Kovanex-Excluded: n3,n4` on the requeue
 commit), so they survive an agent restart and a change of owner. They last for the
-current generation: a new push (a user commit) starts afresh.
+current generation: a new push (a user commit) starts afresh. They are also cleared,
+with a `Kovanex-Excluded-Cleared: <nodes>` trailer so the history says who was let back
+(ADR 0078): by a person's `task retry`, ScheduleTask or RescheduleTask (`revive`), and
+for one node when it joins the cluster again after being dead or gone (`rejoined`): a
+restarted runner is a new process and deserves a new try.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from kovanex.core import task as taskcore
 from kovanex.core.scoring import NodeInfo
 
 EXCLUDED = "Excluded"  # extra-trailer key: Kovanex-Excluded
+CLEARED = "Excluded-Cleared"  # Kovanex-Excluded-Cleared: the nodes let back in
 REASON_MAX = 200
 
 
@@ -50,7 +55,50 @@ def excluded(history: Iterable[taskcore.Transition | None]) -> frozenset[str]:
             break  # a user commit: older exclusions belong to an earlier generation
         if EXCLUDED in tr.extra:
             return frozenset(parse_excluded(tr.extra[EXCLUDED]))
+        if CLEARED in tr.extra:
+            break  # older exclusions were cleared
     return frozenset()
+
+
+def cleared(tr: taskcore.Transition, names: frozenset[str], keep: frozenset[str] = frozenset()
+            ) -> taskcore.Transition:  # fmt: skip
+    """`tr` carrying the audit trail of an exclusion clear: the nodes let back in, and
+    the ones still excluded (if any)."""
+    if not names:
+        return tr
+    extra = {**tr.extra, CLEARED: ",".join(sorted(names))}
+    if keep:
+        extra[EXCLUDED] = ",".join(sorted(keep))
+    return replace(tr, extra=extra)
+
+
+def retried(view: taskcore.TaskView, excl: frozenset[str]) -> taskcore.Transition:
+    """`task retry` / RetryTask: a failed, cancelled or unschedulable task back to the
+    queue, its node exclusions cleared (a held lease is RescheduleTask's, not retry's)."""
+    return cleared(taskcore.retry(view), excl)
+
+
+def revive(view: taskcore.TaskView, excl: frozenset[str], why: str) -> taskcore.Transition:
+    """What a person's retry, ScheduleTask or RescheduleTask writes: a held lease is
+    requeued, a failed, cancelled or unschedulable task goes back to the queue; either way
+    every node exclusion is cleared. Raises IllegalTransition (naming the states) else."""
+    if view.state in (taskcore.PLACED, taskcore.RUNNING):
+        tr = taskcore.requeue(view, why)
+    else:
+        tr = taskcore.retry(view)
+    return cleared(tr, excl)
+
+
+def rejoined(
+    view: taskcore.TaskView, excl: frozenset[str], node: str
+) -> taskcore.Transition | None:
+    """`node` joined again (restarted, or back after being declared dead): an
+    unschedulable task that excluded it is queued again with `node` let back in."""
+    if view.state != taskcore.UNSCHEDULABLE or node not in excl:
+        return None
+    tr = taskcore.retry(view)
+    tr = replace(tr, reason=f"node {node} joined again; its exclusion is cleared")
+    return cleared(tr, frozenset({node}), excl - {node})
 
 
 def candidates(nodes: Sequence[NodeInfo], names: frozenset[str]) -> list[NodeInfo]:
@@ -112,7 +160,7 @@ def all_excluded_reason(names: frozenset[str], reason: str) -> str:
     """Why nothing was placed when only excluded nodes could have taken the task."""
     return (
         f"every node that could run this task failed to start it ({', '.join(sorted(names))}); "
-        f"without them: {reason}; push again or add a node"
+        f"without them: {reason}; `kovanex task retry` lets them try again, or add a node"
     )
 
 

@@ -15,7 +15,7 @@ Transition table (h11 style: the table is the source of truth, the functions bel
     fail           running (a step failed, no attempts left)    failed
     requeue        placed, running (failover)                   queued        (epoch + 1)
     cancel         queued, unschedulable, placed, running       cancelled     (epoch + 1)
-    retry          failed, cancelled                            queued
+    retry          failed, cancelled, unschedulable                queued   (exclusions cleared)
     reconcile      any (a merge after a partition heals)        core/reconcile.py decides
 
 `submitted` is not written by anyone: it is what a branch whose tip is a user commit looks
@@ -46,7 +46,12 @@ RESULTS = ("ok", "failed", "timeout", "killed", "oom")
 TRANSITIONS: dict[str, dict[str, str]] = {
     SUBMITTED: {"queue": QUEUED},
     QUEUED: {"place": PLACED, "unschedulable": UNSCHEDULABLE, "cancel": CANCELLED},
-    UNSCHEDULABLE: {"place": PLACED, "unschedulable": UNSCHEDULABLE, "cancel": CANCELLED},
+    UNSCHEDULABLE: {
+        "place": PLACED,
+        "unschedulable": UNSCHEDULABLE,
+        "cancel": CANCELLED,
+        "retry": QUEUED,
+    },
     PLACED: {"start": RUNNING, "requeue": QUEUED, "cancel": CANCELLED},
     RUNNING: {
         "step": RUNNING,
@@ -218,9 +223,14 @@ def fold(task_id: str, commits: Iterable[tuple[str, Transition | None]]) -> Task
 def _check(view: TaskView, event: str) -> str:
     to = TRANSITIONS.get(view.state, {}).get(event)
     if to is None:
-        allowed = ", ".join(TRANSITIONS.get(view.state, {})) or "nothing (terminal)"
+        # name the states the event applies to, and the events this state allows: one
+        # list of events read as states once gave "cannot retry from 'unschedulable'
+        # (allowed: place, unschedulable, cancel)" (issue 25)
+        applies = ", ".join(s for s, evs in TRANSITIONS.items() if event in evs) or "no state"
+        here = ", ".join(TRANSITIONS.get(view.state, {})) or "nothing (terminal)"
         raise IllegalTransition(
-            f"task {view.task_id}: cannot {event} from state {view.state!r} (allowed: {allowed})"
+            f"task {view.task_id}: cannot {event} a {view.state} task ({event} applies to "
+            f"{applies} tasks; a {view.state} task allows: {here})"
         )
     return to
 
@@ -356,7 +366,9 @@ def cancel(view: TaskView, reason: str) -> Transition:
 
 
 def retry(view: TaskView) -> Transition:
-    """Back to the queue with a fresh attempt budget; steps already ok stay done."""
+    """Back to the queue with a fresh attempt budget; steps already ok stay done. From
+    `unschedulable` too: a person asking again is what revives it (the shells clear the
+    task's node exclusions with it, core/startwatch.revive)."""
     to = _check(view, "retry")
     return Transition(state=to, epoch=view.epoch, reason=f"retry after {view.state}")
 

@@ -69,6 +69,17 @@ def transition_of(message: str) -> Transition | None:
     return Transition.from_trailers(trailers.trailer_dict(message))
 
 
+def exclusions(led: TaskLedger, task_id: str) -> frozenset[str]:
+    """Nodes that failed to start this task, as its history says (Kovanex-Excluded,
+    cleared by Kovanex-Excluded-Cleared; core/startwatch.py)."""
+    from kovanex.core import startwatch
+
+    tip = led.tip(task_id)
+    if tip is None:
+        return frozenset()
+    return startwatch.excluded(transition_of(c.message) for c in led.store.walk(tip))
+
+
 def term_of(tr: Transition | None) -> int | None:
     """The leader term a grant carries (`Kovanex-Term`), None when it carries none."""
     raw = None if tr is None else tr.extra.get("Term")
