@@ -62,3 +62,23 @@ def node(tmp_path: Path):
     n.start()
     yield n
     n.stop()
+
+
+def _unit_users() -> set[str]:
+    import pwd
+
+    return {p.pw_name for p in pwd.getpwall() if p.pw_name.startswith("kx-")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_unit_users_made_by_this_run():
+    """Units are per node identity (ADR 0071): every test node makes users of its own.
+    Remove the ones this run made, so runs on one host never exhaust the id range."""
+    before = _unit_users() if os.geteuid() == 0 else set()
+    yield
+    if os.geteuid() != 0:
+        return
+    import subprocess
+
+    for name in sorted(_unit_users() - before):
+        subprocess.run(["userdel", name], capture_output=True)

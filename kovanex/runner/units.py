@@ -56,6 +56,7 @@ _NS = [_UNSHARE, "--user", "--map-root-user", "--mount", "--"]
 DEFAULT_ROOT = "/var/lib/kovanex/units"
 DEFAULT_UID_BASE = 61000
 USER_NAME_MAX = 32  # useradd's limit on Linux
+UNIT_ID_RANGE = (20000, 59999)  # uids and gids `users` mode's useradd picks from
 _NAME_OK = re.compile(r"^[a-z_][a-z0-9_-]*$")
 SETPRIV = limitsmod.SETPRIV
 
@@ -204,6 +205,11 @@ def _ensure_user(name: str) -> tuple[int, int]:
     cmd = [
         "useradd",
         "--system",
+        # units are per node identity (ADR 0071), so a host that inits many nodes makes
+        # many users: a range of their own, wider than the distribution's 100-999 system
+        # range, and clear of `uids` mode's default 61000+
+        *("-K", f"SYS_UID_MIN={UNIT_ID_RANGE[0]}", "-K", f"SYS_UID_MAX={UNIT_ID_RANGE[1]}"),
+        *("-K", f"SYS_GID_MIN={UNIT_ID_RANGE[0]}", "-K", f"SYS_GID_MAX={UNIT_ID_RANGE[1]}"),
         "--no-create-home",
         "--user-group",
         "--home-dir",
