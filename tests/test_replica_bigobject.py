@@ -200,8 +200,8 @@ def test_big_object_replicates_over_a_slow_link(tmp_path: Path, wire: bool) -> N
             await work.push(path, MAIN)
             await until(lambda: rev(replica.repo("big"), MAIN) == rev(path, MAIN), 30.0, "base")
             await commit_big(work, BIG)
+            started = time.monotonic()  # the owner may start replicating as the push lands
             tip = await push_big(work, path)
-            started = time.monotonic()
             owner.m.refs_changed("big")
             # moving it takes ~BIG / RATE = 6 s, three times the no-progress limit: the
             # old wall limit failed every try, forever; now a try that keeps moving ends

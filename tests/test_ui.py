@@ -482,6 +482,11 @@ def test_unit_lifecycle_on_this_nodes_page(agent: dict[str, Any]) -> None:
         assert status == 200, (path, status, body)
         return body
 
+    body = act("/ui/nodes/uh1/units/deprovision")  # refused while the node takes tasks
+    assert b"cordon it first" in body and b'class="err"' in body, body
+    cordon = {**auth, "Content-Type": "application/json"}
+    st = request(port, "POST", "/v1/nodes/uh1/cordon", '{"enable": true}', cordon)[0]
+    assert st == 200, st
     body = act("/ui/nodes/uh1/units/deprovision")
     assert f"uh1: {len(paths)} compute units deprovisioned".encode() in body, body
     assert not any(p.exists() for p in paths)  # the API removed them
@@ -492,3 +497,5 @@ def test_unit_lifecycle_on_this_nodes_page(agent: dict[str, Any]) -> None:
     assert b"uh1 unit 0 drained: stood down no run, killed 0 processes" in body, body
     body = act("/ui/nodes/uh1/units/999/drain")  # the API's 404, shown as an error
     assert b'class="err"' in body and b"DrainUnit on uh1: no compute unit 999" in body, body
+    st = request(port, "POST", "/v1/nodes/uh1/cordon", '{"enable": false}', cordon)[0]
+    assert st == 200, st  # the node takes tasks again for the tests after this one

@@ -183,11 +183,7 @@ class TaskRun:
                 view, [taskcore.start(view, self.lease.node, self.lease.epoch)]
             )
         repo_path = self.repo_path
-        if self.unit is not None:
-            self.dirs = await asyncio.to_thread(
-                taskdirs.open_task, self.unit, self.lease.repo, self._disk_mb(spec)
-            )
-        await self._prepare_or_fail(repo_path, view)
+        await self._prepare_or_fail(repo_path, view, spec)
         while True:
             if self.cancel.is_set():
                 raise StandDown(self.why)
@@ -205,11 +201,18 @@ class TaskRun:
             if fresh:
                 await self._prepare_or_fail(repo_path, view)
 
-    async def _prepare_or_fail(self, repo_path: Path, view: taskcore.TaskView) -> None:
-        """Check the tip out; when that cannot be done here the task fails with the reason
-        (a crash here left it `running` with nobody on it: issue 27). A remote run's crash
-        is retried a bounded number of times, then the owner places the task again."""
+    async def _prepare_or_fail(
+        self, repo_path: Path, view: taskcore.TaskView, spec: specmod.TaskSpec | None = None
+    ) -> None:
+        """Open the task's dirs (first call: `spec` given) and check the tip out; when that
+        cannot be done here the task fails with the reason (a crash here left it `running`
+        with nobody on it: issue 27). A remote run's crash is retried a bounded number of
+        times, then the owner places the task again."""
         try:
+            if spec is not None and self.unit is not None:
+                self.dirs = await asyncio.to_thread(
+                    taskdirs.open_task, self.unit, self.lease.repo, self._disk_mb(spec)
+                )
             await asyncio.to_thread(self._prepare, repo_path, view.tip)
         except (worktree.WorktreeError, OSError) as e:
             if self.remote is not None:

@@ -189,7 +189,7 @@ def _bound(ctrl: str, d: Path, b: Bounds) -> None:
         if ctrl in ("pids", "unified") and b.pids_max:
             limitsmod._write(d / "pids.max", str(b.pids_max))
         if ctrl == "memory" and b.memory_mb:
-            _set(d / "memory.limit_in_bytes", str(b.memory_mb << 20))
+            _set_memory(d, str(b.memory_mb << 20))
         if ctrl == "unified" and b.memory_mb:
             limitsmod._write(d / "memory.max", str(b.memory_mb << 20))
     except OSError as e:
@@ -557,6 +557,19 @@ def _set(path: Path, value: str) -> None:
         _unit_values[path] = value
 
 
+def _set_memory(mem: Path, value: str) -> None:
+    """A v1 memory limit and its memsw twin: memsw >= mem at every moment, so lower mem
+    first and raise memsw first (EINVAL otherwise, e.g. a bound above the last step's)."""
+    try:
+        _set(mem / "memory.limit_in_bytes", value)
+        with contextlib.suppress(FileNotFoundError):
+            _set(mem / "memory.memsw.limit_in_bytes", value)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            _set(mem / "memory.memsw.limit_in_bytes", value)
+        _set(mem / "memory.limit_in_bytes", value)
+
+
 def _apply_unit(
     limits: limitsmod.Limits, parents: dict[str, Path], as_ids: tuple[int, int], timeout_s: float
 ) -> limitsmod.Applied:
@@ -574,14 +587,7 @@ def _apply_unit(
     oom_base = 0
     if mem is not None:
         value = str(limits.memory_mb << 20) if limits.memory_mb is not None else "-1"
-        try:  # memsw >= mem at every moment: lower mem first, raise memsw first
-            _set(mem / "memory.limit_in_bytes", value)
-            with contextlib.suppress(FileNotFoundError):
-                _set(mem / "memory.memsw.limit_in_bytes", value)
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                _set(mem / "memory.memsw.limit_in_bytes", value)
-            _set(mem / "memory.limit_in_bytes", value)
+        _set_memory(mem, value)
         oom_base = limitsmod.Applied(limitsmod.CGROUP_V1, [mem], []).oom_kills()
     rl: list[tuple[int, int, int]] = []
     if cpu is not None:
