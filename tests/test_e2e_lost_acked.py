@@ -50,6 +50,10 @@ def on_branch(node: Node, task: str, oid: str) -> bool:
 
 
 @pytest.mark.slow
+# Two real agents, a SIGSTOPped owner and a 45 MiB transfer against issue 24's 30 s bound:
+# it passed alone (23 s) and failed once inside a full run. Rerun once, never more: a
+# broken hand-back fails every try (pytest-rerunfailures, ADR 0009).
+@pytest.mark.flaky(reruns=1)
 def test_acked_pushes_of_a_stalled_owner_reach_the_new_owner(tmp_path: Path) -> None:
     # names of our own: other suites on this host run agents named n1..n3 (units lock)
     nodes = cluster(tmp_path, {"la1": "a", "la2": "a"})
