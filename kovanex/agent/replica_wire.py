@@ -26,6 +26,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from kovanex.agent.replica_runtime import Runtime
@@ -55,6 +56,24 @@ class WireError(Exception):
 
 def _json(status: int, doc: dict[str, Any]) -> HttpResponse:
     return HttpResponse(status, dict(_JSON), json.dumps(doc).encode())
+
+
+async def _headed(
+    head: bytes,
+    ready: bytes | None,
+    path: Path,
+    refs: dict[str, str],
+    haves: list[str],
+    env: dict[str, str] | None,
+) -> Chunks:
+    """The JSON head line, then the pack: `ready` when it was made once for every peer,
+    else a thin pack of `refs` against `haves` made as it goes out."""
+    yield head + b"\n"
+    if ready is not None:
+        yield ready
+        return
+    async for chunk in packwire.pack(path, list(refs.values()), haves, env):
+        yield chunk
 
 
 async def split_head(chunks: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator[bytes] | None]:
@@ -249,29 +268,11 @@ class ReplicaWire:
         replica's tips is answered once more with a pack against those tips."""
         path = self.rt.path(repo)
         head = json.dumps({"owner": self.rt.node, "epoch": epoch, "refs": refs}).encode()
-        for attempt in (1, 2):
 
-            async def body(haves: list[str] = haves, ready: bytes | None = packed) -> Chunks:
-                yield head + b"\n"
-                if ready is not None:
-                    yield ready
-                    return
-                async for chunk in packwire.pack(path, list(refs.values()), haves, env):
-                    yield chunk
+        def body(against: list[str], first: bool) -> Chunks:
+            return _headed(head, packed if first else None, path, refs, against, env)
 
-            async with self.client.request(base, "POST", f"{PREFIX}{repo}/stage", body()) as r:
-                doc = json.loads(await r.read(MAX_HEAD) or b"{}")
-                status = r.status
-            if status == 200:
-                return True, ""
-            if status == 404 and "error" not in doc:
-                raise Unsupported(base)
-            tips = [str(t) for t in doc.get("tips", [])] if isinstance(doc, dict) else []
-            if status != 409 or not tips or attempt == 2:
-                return False, str(doc.get("error", f"HTTP {status}"))
-            haves = await self.rt.thread(held_objects, path, tips)
-            packed = None
-        return False, "unreachable"
+        return await self._send(repo, base, "stage", body, haves)
 
     async def offer(
         self,
@@ -287,15 +288,27 @@ class ReplicaWire:
         Unsupported: an older owner (use `git push`)."""
         path = self.rt.path(repo)
         head = json.dumps({"node": self.rt.node, "refs": refs}).encode()
-        for attempt in (1, 2):
 
-            async def body(haves: list[str] = haves) -> Chunks:
-                yield head + b"\n"
-                packer = packwire.pack(path, list(refs.values()), haves)
-                async for chunk in _marked(packer, progress):
-                    yield chunk
+        def body(against: list[str], first: bool) -> Chunks:
+            return _marked(_headed(head, None, path, refs, against, None), progress)
 
-            async with self.client.request(base, "POST", f"{PREFIX}{repo}/offer", body()) as r:
+        return await self._send(repo, base, "offer", body, haves)
+
+    async def _send(
+        self,
+        repo: str,
+        base: str,
+        route: str,
+        body: Callable[[list[str], bool], Chunks],
+        haves: list[str],
+    ) -> tuple[bool, str]:
+        """POST `body(haves, first)` to `route`; (done, why not). A 409 carrying the
+        peer's tips is answered once more with a pack against those tips, since the
+        peer lacked what `haves` assumed."""
+        for first in (True, False):
+            async with self.client.request(
+                base, "POST", f"{PREFIX}{repo}/{route}", body(haves, first)
+            ) as r:
                 doc = json.loads(await r.read(MAX_HEAD) or b"{}")
                 status = r.status
             if status == 200:
@@ -303,9 +316,9 @@ class ReplicaWire:
             if status == 404 and "error" not in doc:
                 raise Unsupported(base)
             tips = [str(t) for t in doc.get("tips", [])] if isinstance(doc, dict) else []
-            if status != 409 or not tips or attempt == 2:
+            if status != 409 or not tips or not first:
                 return False, str(doc.get("error", f"HTTP {status}"))
-            haves = await self.rt.thread(held_objects, path, tips)
+            haves = await self.rt.thread(held_objects, self.rt.path(repo), tips)
         return False, "unreachable"
 
     async def prepack(
