@@ -14,10 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # Unit work paths must be reachable by the unit users, so not under pytest's 0700
 # tmp dirs; conftest removes this session's tree at the end.
 UNITS_BASE = Path("/var/tmp/kovanex-test-units") / uuid.uuid4().hex[:12]
+
+
+# Compute units make users, chown and setuid, so their tests need root (CI is root).
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="compute units need root (useradd, cgroups, setuid); CI runs as root"
+)
 
 
 def exchange_dir() -> Path:
@@ -172,6 +180,12 @@ def clone_with_task(
     git("add", "-A", cwd=dest)
     git("commit", "-q", "--allow-empty", "-m", f"task {task}", cwd=dest)
     return dest
+
+
+def ended(node: Node, task: str) -> str | None:
+    """The task's final state, or None while it is not over: a wait_for condition."""
+    state = node.show(task)["state"]
+    return state if state in ("succeeded", "failed") else None
 
 
 def trailers_of(repo: Path, rev: str) -> list[dict[str, str]]:

@@ -4,7 +4,6 @@ live agents over loopback (real pushes, real units when run as root)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -17,7 +16,7 @@ from kovanex import config as cfgmod
 from kovanex.api import spec
 from kovanex.client import ApiError, Client
 from kovanex.net.keyring import keygen
-from tests.agentkit import ROOT, Node, clone_with_task, git, wait_for
+from tests.agentkit import ROOT, Node, clone_with_task, git, needs_root, wait_for
 from tests.test_api import raw
 
 SLOW = '[[steps]]\nname = "nap"\nrun = "sleep 120"\ntimeout_s = 300\n'
@@ -211,7 +210,7 @@ def pack_objects_of(agent_pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="compute units need root")
+@needs_root
 def test_deprovision_refused_while_serving_and_a_failed_checkout_fails_the_task(
     tmp_path: Path,
 ) -> None:

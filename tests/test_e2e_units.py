@@ -13,11 +13,7 @@ from pathlib import Path
 import pytest
 
 from kovanex.runner import units as unitsmod
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
-
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="compute units need root (useradd, setuid); CI runs as root"
-)
+from tests.agentkit import Node, clone_with_task, exchange_dir, git, needs_root, wait_for
 
 
 @pytest.fixture

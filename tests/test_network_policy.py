@@ -20,7 +20,7 @@ from kovanex import config as cfgmod
 from kovanex.core import netpolicy as core
 from kovanex.runner import netpolicy
 from kovanex.runner import units as unitsmod
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
+from tests.agentkit import Node, clone_with_task, ended, exchange_dir, git, wait_for
 
 pytestmark = [
     pytest.mark.skipif(
@@ -89,7 +89,7 @@ timeout_s = 90
 """
     clone = clone_with_task(node, "demo", tmp_path / "c", task, spec, {"probe.py": PROBE})
     git("push", "-q", "origin", f"task/{task}", cwd=clone)
-    wait_for(lambda: node.show(task)["state"] in ("succeeded", "failed"), 120, f"{task} to end")
+    wait_for(lambda: ended(node, task), 120, f"{task} to end")
     assert out.exists(), node.kx("task", "logs", task, check=False).stdout
     return json.loads(out.read_text())
 

@@ -16,12 +16,19 @@ import psutil
 import pytest
 
 from kovanex.runner import limits as limitsmod
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, units_root, wait_for
+from tests.agentkit import (
+    Node,
+    clone_with_task,
+    ended,
+    exchange_dir,
+    git,
+    needs_root,
+    units_root,
+    wait_for,
+)
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="compute units need root (useradd, cgroups); CI runs as root"
-    ),
+    needs_root,
     pytest.mark.skipif(
         limitsmod.detect() not in (limitsmod.CGROUP_V1, limitsmod.CGROUP_V2),
         reason="unit bounds need cgroups; this host has none we can write",
@@ -62,11 +69,6 @@ def _kill_units(node: Node) -> None:
             p.kill()
 
 
-def _finished(node: Node, task: str) -> str | None:
-    state = node.show(task)["state"]
-    return state if state in ("succeeded", "failed") else None
-
-
 def test_a_fork_flood_stops_at_the_pids_cap(node: Node, tmp_path: Path) -> None:
     xd = exchange_dir()
     count = xd / "started"
@@ -79,7 +81,7 @@ timeout_s = 90
 """
     clone = clone_with_task(node, "demo", tmp_path / "c", "flood", spec)
     git("push", "-q", "origin", "task/flood", cwd=clone)
-    wait_for(lambda: _finished(node, "flood"), 120, "the flood task to end")
+    wait_for(lambda: ended(node, "flood"), 120, "the flood task to end")
     started = len(count.read_text().split()) if count.exists() else 0
     assert 0 < started <= 512, f"{started} processes started: the pids cap (512) did not hold"
     uid = _units(node)[0]["uid"]
@@ -142,7 +144,7 @@ timeout_s = 120
     git("push", "-q", "origin", "task/big", cwd=clone)
     bare = node.repo("demo")
     before = _size(bare / "objects")
-    assert wait_for(lambda: _finished(node, "big"), 180, "the big task to end") == "failed"
+    assert wait_for(lambda: ended(node, "big"), 180, "the big task to end") == "failed"
     grown = _size(bare / "objects") - before
     assert grown < 10 << 20, f"the repo grew by {grown >> 20} MiB: the snapshot bound failed"
     logs = node.kx("task", "logs", "big", check=False)

@@ -16,11 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, kx, units_root, wait_for
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="compute units need root (useradd, setuid); CI runs as root"
+from tests.agentkit import (
+    Node,
+    clone_with_task,
+    ended,
+    exchange_dir,
+    git,
+    kx,
+    needs_root,
+    units_root,
+    wait_for,
 )
+
+pytestmark = needs_root
 
 
 @pytest.fixture
@@ -31,14 +39,9 @@ def node(tmp_path: Path):
     n.stop()
 
 
-def _ended(node: Node, task: str) -> str | None:
-    state = node.show(task)["state"]
-    return state if state in ("succeeded", "failed") else None
-
-
 def _run(node: Node, clone: Path, task: str, timeout: float = 120) -> str:
     git("push", "-q", "origin", f"task/{task}", cwd=clone)
-    return wait_for(lambda: _ended(node, task), timeout, f"task {task} to end")
+    return wait_for(lambda: ended(node, task), timeout, f"task {task} to end")
 
 
 def _spec(run: str) -> str:

@@ -17,11 +17,7 @@ from kovanex.runner import taskdirs, unitrepo
 from kovanex.runner import units as unitsmod
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step
-from tests.agentkit import Node, exchange_dir, git, units_root
-
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="compute units need root (useradd, chown, setuid)"
-)
+from tests.agentkit import Node, exchange_dir, git, needs_root, units_root
 
 
 def test_user_names_fit_useradd_and_stay_distinct() -> None:
