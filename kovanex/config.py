@@ -96,6 +96,12 @@ class Layout:
         """The admin token `local@<node>` that `kovanex credential` hands to git."""
         return self.root / "secrets" / "local.token"
 
+    @property
+    def cordon_file(self) -> Path:
+        """Present while the node is cordoned: a cordon outlives a restart, as Nomad's
+        node eligibility does (an operator drained it for a reason)."""
+        return self.root / "cordon.json"
+
     def repo(self, name: str) -> Path:
         return self.repos / f"{name}.git"
 

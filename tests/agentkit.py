@@ -115,6 +115,9 @@ class Node:
         kx("init", "--name", name, "--bind", "127.0.0.1:0", *units, *init_args, data=self.data)
 
     def start(self, *extra: str, env: dict[str, str] | None = None) -> Node:
+        # a crashed agent leaves these behind; ready() must wait for the new agent's own
+        for stale in ("hook", "agent.sock"):
+            (self.data / "run" / stale).unlink(missing_ok=True)
         log = open(self.data / "agent.log", "ab")
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "kovanex", "--data", str(self.data), "agent"]

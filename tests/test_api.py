@@ -206,6 +206,14 @@ def test_cordon_keeps_new_tasks_off_the_node(node: Node, tmp_path: Path) -> None
     if c.call("GetTask", repo="demo", task="t3")["state"] == "queued":
         c.call("ScheduleTask", repo="demo", task="t3")  # a whole placement pass, then answers
     assert not c.call("GetTaskPlacement", repo="demo", task="t3")["placements"]
+    # a cordon outlives a restart: a crash must not make a drained node eligible again
+    node.kill9()
+    node.start()
+    c = client(node)
+    assert c.call("GetNode", name="api-n1")["cordoned"] is True
+    if c.call("GetTask", repo="demo", task="t3")["state"] == "queued":
+        c.call("ScheduleTask", repo="demo", task="t3")
+    assert not c.call("GetTaskPlacement", repo="demo", task="t3")["placements"]
     c.call("DrainNode", {"enable": False}, name="api-n1")
     wait_for(lambda: c.call("GetTask", repo="demo", task="t3")["state"] == "succeeded", 30)
 

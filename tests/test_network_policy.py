@@ -141,7 +141,7 @@ def test_a_step_cannot_reach_the_node_ports_but_reaches_its_api(tmp_path: Path) 
         assert _table(node) in _tables()
         node.kill9()
         assert _table(node) in _tables()
-        node.start()  # (ready at once: the crash left run/hook) so wait for the new agent
+        node.start()
         wait_for(
             lambda: "network node ports blocked" in node.kx("status", check=False).stdout,
             60,

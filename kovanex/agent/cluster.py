@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -60,7 +61,7 @@ class Cluster:
         self.extra_meta: Callable[[], dict[str, Any]] = dict  # coordination's (nats ports)
         cfg = ctx.cfg
         self.keyring = load_keyring(ctx.layout, cfg)
-        self.cordoned = False  # DrainNode/CordonNode: no new placements here (meta "cordon")
+        self._cordoned = ctx.layout.cordon_file.exists()
         if not self.keyring.keys():
             log.warning(
                 "gossip is NOT encrypted (--insecure-gossip in %s): any process that can "
@@ -193,6 +194,23 @@ class Cluster:
                 }
             )
         return sorted(out, key=lambda d: d["name"])
+
+    @property
+    def cordoned(self) -> bool:
+        """DrainNode/CordonNode: no new placements here (gossip meta "cordon")."""
+        return self._cordoned
+
+    @cordoned.setter
+    def cordoned(self, enable: bool) -> None:
+        """Kept on disk first, so a restart never quietly makes the node eligible again."""
+        path = self.ctx.layout.cordon_file
+        if enable:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({"since": self.ctx.clock.time()}))
+            os.replace(tmp, path)
+        else:
+            path.unlink(missing_ok=True)
+        self._cordoned = enable
 
     def node_infos(self, cordoned_too: bool = False) -> list[NodeInfo]:
         """Alive remote members as scheduler input (the local node is built fresh);
