@@ -109,7 +109,12 @@ class Agent:
         self.book = TokenBook(layout.tokens_file)
         host, port = cfgmod.parse_addr(cfg.http_bind, 0)
         self.http = GitHttpServer(
-            layout.repos, ctx.token, bind=(host, port), api=self.ops.http_api, users=self.book
+            layout.repos,
+            ctx.token,
+            bind=(host, port),
+            api=self.ops.http_api,
+            users=self.book,
+            clock=ctx.clock,
         )
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
         self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
@@ -133,9 +138,13 @@ class Agent:
         self.replicas.rt.broken = self.repos.broken  # one record of the broken repos
         self.http.internal = self.replicas.wire  # replication's fetch/stage endpoints
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)
-        self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas)
+        self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas, clock=ctx.clock)
         self.sweeper = Sweeper(
-            self.repos, self.scheduler, self.watch, self.failover.fence_failed_holders
+            self.repos,
+            self.scheduler,
+            self.watch,
+            self.failover.fence_failed_holders,
+            clock=ctx.clock,
         )
         self.pushes = PushHandler(
             ctx,
@@ -172,7 +181,7 @@ class Agent:
             self.scaling,
         )
         self.hooks = HookServer(
-            layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook)
+            layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook), clock=ctx.clock
         )
         self.api.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
@@ -329,7 +338,7 @@ class Agent:
         the stop comes mid-start or a service will not close (kovanex/agent/stopping.py)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        watch = StopWatch(ctx.name)
+        watch = StopWatch(ctx.name, clock=ctx.clock)
 
         def asked() -> None:
             watch.arm()

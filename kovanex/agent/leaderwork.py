@@ -84,7 +84,7 @@ class LeaderWork:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.period)
+            await self.a.ctx.clock.sleep(self.period)
             try:
                 self.publish_owned()
                 now = self.a.ctx.clock.monotonic()
