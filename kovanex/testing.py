@@ -125,6 +125,12 @@ class _JumpingSelector(selectors.DefaultSelector):
     loop: VirtualTimeLoop
 
     def select(self, timeout: float | None = None) -> list[Any]:
+        self.loop.check_wall_limit()
+        events = self._select(timeout)
+        self.loop.cover_early()
+        return events
+
+    def _select(self, timeout: float | None) -> list[Any]:
         loop = self.loop
         if timeout is not None and timeout <= 0:
             return super().select(0)
@@ -147,8 +153,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     `loop.clock` read the same time the loop's timers run on. Real I/O still works (it is
     polled first); a real process started outside asyncio is not seen as busy."""
 
-    def __init__(self, clock: FakeClock | None = None) -> None:
+    def __init__(self, clock: FakeClock | None = None, wall_limit_s: float | None = None) -> None:
         self.clock = clock if clock is not None else FakeClock()
+        self._wall_end = None if wall_limit_s is None else time.monotonic() + wall_limit_s
         selector = _JumpingSelector()
         selector.loop = self
         super().__init__(selector)
@@ -158,6 +165,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.clock.monotonic()
+
+    def check_wall_limit(self) -> None:
+        """A test's guard: a loop that stopped jumping (or spins at one instant) fails
+        within its wall-time limit instead of hanging the suite."""
+        if self._wall_end is not None and time.monotonic() > self._wall_end:
+            raise TimeoutError(f"the virtual loop ran past its wall-time limit at {self.time()}")
 
     def busy(self) -> bool:
         """Is real work under way that virtual time must wait for in real time?"""
@@ -171,6 +184,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self.clock._advance_to(heap[0].when())
         else:
             self.clock.advance(timeout)
+
+    def cover_early(self) -> None:
+        """asyncio runs a timer up to its clock resolution early; a real clock moves on,
+        but a virtual one would stand still and a callback that re-arms for the rest of its
+        wait would spin. So time moves to every timer about to run (before it runs)."""
+        res = self._clock_resolution  # type: ignore[attr-defined]
+        while True:
+            now = self.clock.monotonic()
+            due = [h.when() for h in self._scheduled if h.when() < now + res]  # type: ignore[attr-defined]
+            if not due or max(due) <= now:
+                return
+            self.clock._advance_to(max(due))
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:
         fut = super().run_in_executor(executor, func, *args)
@@ -187,9 +212,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return transport
 
 
-def run_virtual(main: Awaitable[T], clock: FakeClock | None = None) -> T:
-    """`asyncio.run(main)` on a `VirtualTimeLoop` (on `clock`, or a fresh `FakeClock`)."""
-    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(clock)) as runner:
+def run_virtual(
+    main: Awaitable[T], clock: FakeClock | None = None, wall_limit_s: float | None = None
+) -> T:
+    """`asyncio.run(main)` on a `VirtualTimeLoop` (on `clock`, or a fresh `FakeClock`);
+    past `wall_limit_s` of real time it raises TimeoutError."""
+    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(clock, wall_limit_s)) as runner:
         return runner.run(main)  # type: ignore[arg-type]
 
 
