@@ -5,8 +5,9 @@ is an input). `kovanex.testing` ships a fake clock and an event loop that jumps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -68,3 +69,12 @@ class SystemClock(AsyncioTimers):
 
 
 SYSTEM = SystemClock()
+
+
+async def settled(clock: Clock, tasks: Iterable[asyncio.Future[Any]], timeout: float) -> None:
+    """`asyncio.wait(tasks, timeout=...)` on `clock`: wait (bounded) for the tasks to end,
+    never raising their errors and never cancelling them."""
+    pending = set(tasks)
+    if pending:
+        with contextlib.suppress(TimeoutError):
+            await clock.wait_for(asyncio.wait(pending), timeout)

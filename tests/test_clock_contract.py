@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kovanex.clock import SYSTEM, Clock
+from kovanex.clock import SYSTEM, Clock, settled
 from kovanex.testing import FakeClock, run_virtual
 
 
@@ -92,3 +92,27 @@ def test_an_unbound_fake_clock_orders_them_as_the_system_clock_does() -> None:
 
     order, took = asyncio.run(driven())
     assert order == EXPECTED and took >= 4 * 60.0
+
+
+def test_settled_waits_bounded_never_raises_and_never_cancels() -> None:
+    """The clock's `asyncio.wait(tasks, timeout=)`: what the agent's stop and the leader's
+    sync use to give tasks a bounded while to end."""
+
+    async def go(clock: Clock) -> tuple[float, bool, bool]:
+        async def fails() -> None:
+            raise ValueError("its error stays in the task")
+
+        slow = asyncio.ensure_future(asyncio.Event().wait())
+        failing = asyncio.ensure_future(fails())
+        t0 = clock.monotonic()
+        await settled(clock, {failing}, 60.0)  # ends at once, does not raise
+        quick = clock.monotonic() - t0
+        await settled(clock, {slow}, 60.0)
+        took = clock.monotonic() - t0
+        alive = not slow.done()
+        slow.cancel()
+        return quick, took >= 60.0, alive and isinstance(failing.exception(), ValueError)
+
+    clock = FakeClock()
+    quick, waited, kept = run_virtual(go(clock), clock, wall_limit_s=10.0)
+    assert quick == 0.0 and waited and kept

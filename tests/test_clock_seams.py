@@ -11,10 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent / "kovanex"
 SCANNED = [
     *sorted((ROOT / "agent").rglob("*.py")),
     ROOT / "net" / "gossip.py",
+    ROOT / "net" / "transport.py",
+    ROOT / "net" / "http11.py",
     ROOT / "net" / "peerhttp.py",
     ROOT / "net" / "githttp.py",
 ]
-BARE = re.compile(r"asyncio\.sleep\((?!0\))|asyncio\.wait_for\(|(?<!clock)\.call_(later|at)\(")
+BARE = re.compile(
+    r"asyncio\.sleep\((?!0\))|asyncio\.wait_for\(|asyncio\.timeout(_at)?\("
+    r"|asyncio\.wait\(.*timeout=|(?<!clock)\.call_(later|at)\("
+)
 # path relative to kovanex/ -> why a bare call is right there
 ALLOWED: dict[str, str] = {}
 
@@ -30,15 +35,17 @@ def bare_calls() -> list[str]:
     return found
 
 
-def test_no_bare_asyncio_sleep_wait_for_or_call_later_outside_the_clock() -> None:
+def test_no_bare_asyncio_sleep_timeout_or_timer_outside_the_clock() -> None:
     assert bare_calls() == [], "use the injected clock (ctx.clock / rt.clock / self.clock)"
 
 
 def test_the_scan_sees_the_files_and_the_patterns_it_guards() -> None:
     assert len(SCANNED) > 30 and all(p.is_file() for p in SCANNED)
     for bad in ("await asyncio.sleep(1.0)", "await asyncio.wait_for(x, 5)",
-                "loop.call_later(2, f)", "self._loop.call_at(t, f)"):  # fmt: skip
+                "loop.call_later(2, f)", "self._loop.call_at(t, f)",
+                "async with asyncio.timeout(3):", "await asyncio.wait(ts, timeout=2.0)"):  # fmt: skip
         assert BARE.search(bad), bad
     assert not BARE.search("await asyncio.sleep(0)")  # a yield reads no time
     assert not BARE.search("await self.ctx.clock.sleep(1.0)")
+    assert not BARE.search("await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)")
     assert not BARE.search("self._timer = self.clock.call_later(d, self._tick)")

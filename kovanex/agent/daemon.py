@@ -49,6 +49,7 @@ from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.service import ApiService
+from kovanex.clock import settled
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
 from kovanex.gitstate import gitcli
@@ -354,7 +355,7 @@ class Agent:
         if not starting.done():
             log.warning("agent %s asked to stop while starting; start-up abandoned", ctx.name)
             starting.cancel()
-            await asyncio.wait({starting}, timeout=STEP_TIMEOUT_S)
+            await settled(ctx.clock, {starting}, STEP_TIMEOUT_S)
         elif starting.exception() is not None:
             failed = starting.exception()
             log.error("agent %s failed to start: %r; stopping", ctx.name, failed)

@@ -160,8 +160,12 @@ class SyncReplicator:
         """POST /v1/nudge/<repo> to the agent at `base` over a kept-alive connection (h11
         framing, `PeerClient`); best effort."""
         try:
-            async with asyncio.timeout(NUDGE_CONNECT_S + NUDGE_REPLY_S):
-                async with self.client.request(base, "POST", f"/v1/nudge/{repo}") as resp:
-                    await resp.read(4096)
+            await self.rt.clock.wait_for(
+                self._post_nudge(base, repo), NUDGE_CONNECT_S + NUDGE_REPLY_S
+            )
         except (OSError, TimeoutError, ValueError):
             pass  # the gossip announcement still reaches the replica
+
+    async def _post_nudge(self, base: str, repo: str) -> None:
+        async with self.client.request(base, "POST", f"/v1/nudge/{repo}") as resp:
+            await resp.read(4096)

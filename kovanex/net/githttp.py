@@ -159,7 +159,7 @@ class GitHttpServer:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
-        ex = Exchange(reader, writer)
+        ex = Exchange(reader, writer, self.clock)
         try:
             while True:
                 req = await ex.next_request()

@@ -70,7 +70,7 @@ class GossipNode:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.keyring = keyring if keyring is not None else Keyring()
         self.label = label
-        self.transport: Transport = transport or UdpTcpTransport()
+        self.transport: Transport = transport or UdpTcpTransport(clock)
         self._rng = random.Random(seed if seed is not None else secrets.randbits(64))
         self._meta = dict(meta or {})
         self._stats = Stats()
