@@ -3,20 +3,58 @@ records and node views for the takeover decider; more are added as the deciders 
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import heapq
+import itertools
+import selectors
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+from kovanex.clock import Timer
 from kovanex.core.replication import Ownership
 from kovanex.core.scoring import NodeInfo
 from kovanex.core.takeover import Config, Member, NodeState
 from kovanex.core.task import TaskView
 
+T = TypeVar("T")
+
+
+class FakeTimer:
+    """A `call_later` on an unbound `FakeClock`: it runs when `advance` passes its time."""
+
+    def __init__(self, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self._callback: Callable[..., object] | None = callback
+        self._args = args
+
+    def cancel(self) -> None:
+        self._callback = None
+
+    def cancelled(self) -> bool:
+        return self._callback is None
+
+    def fire(self) -> None:
+        cb, self._callback = self._callback, None
+        if cb is not None:
+            cb(*self._args)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
 
 class FakeClock:
-    """A `kovanex.clock.Clock` that only moves when a test says so."""
+    """A `kovanex.clock.Clock` that only moves when a test says so (`advance`), or, once a
+    `VirtualTimeLoop` runs on it, when every task is blocked (the loop jumps to its next
+    timer). Unbound, its sleeps and timers wait for `advance`, which fires them in order."""
 
     def __init__(self, wall: float = 1_700_000_000.0, mono: float = 1000.0) -> None:
         self._wall = wall
         self._mono = mono
+        self._timers: list[tuple[float, int, FakeTimer]] = []
+        self._seq = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by VirtualTimeLoop
 
     def time(self) -> float:
         return self._wall
@@ -25,10 +63,162 @@ class FakeClock:
         return self._mono
 
     def advance(self, seconds: float) -> None:
+        """Move both clocks on; each due timer fires at its own time, earliest first."""
         if seconds < 0:
             raise ValueError("a clock never goes back")
-        self._wall += seconds
-        self._mono += seconds
+        end = self._mono + seconds
+        while self._timers and self._timers[0][0] <= end:
+            at, _, timer = heapq.heappop(self._timers)
+            self._advance_to(at)
+            timer.fire()
+        self._advance_to(end)
+
+    def _advance_to(self, mono: float) -> None:
+        if mono > self._mono:
+            self._wall += mono - self._mono
+            self._mono = mono
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
+        if self._loop is not None:
+            return self._loop.call_later(delay, callback, *args)
+        timer = FakeTimer(callback, args)
+        heapq.heappush(self._timers, (self._mono + max(delay, 0.0), next(self._seq), timer))
+        return timer
+
+    async def sleep(self, seconds: float) -> None:
+        if self._loop is not None or seconds <= 0:
+            await asyncio.sleep(max(seconds, 0.0))  # bound: the loop's time is ours
+            return
+        fut = asyncio.get_running_loop().create_future()
+        timer = self.call_later(seconds, _wake, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+    async def wait_for(self, aw: Awaitable[T], timeout: float | None) -> T:
+        if self._loop is not None or timeout is None or timeout <= 0:
+            return await asyncio.wait_for(aw, timeout)
+        task = asyncio.ensure_future(aw)
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = self.call_later(timeout, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if expired:
+                raise TimeoutError from None
+            raise
+        finally:
+            timer.cancel()
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """The selector of a `VirtualTimeLoop`: it polls, and when nothing is ready it moves the
+    loop's clock to its next timer instead of blocking (trio's autojump clock, threshold 0)."""
+
+    loop: VirtualTimeLoop
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        self.loop.check_wall_limit()
+        events = self._select(timeout)
+        self.loop.cover_early()
+        return events
+
+    def _select(self, timeout: float | None) -> list[Any]:
+        loop = self.loop
+        if timeout is not None and timeout <= 0:
+            return super().select(0)
+        if loop.busy():  # a thread or a child process works in real time: so does the clock
+            t0 = time.monotonic()
+            events = super().select(timeout)
+            loop.clock.advance(time.monotonic() - t0)
+            return events
+        events = super().select(0)
+        if events or timeout is None:  # no timer at all: only real I/O can wake anyone
+            return events or super().select(None)
+        loop.jump(timeout)
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose `time()` is a `FakeClock`'s: when every task is blocked and no
+    thread or child process is at work, time jumps to the next timer, so a 60 s timeout
+    passes at once while ordering stays what the real loop gives. Services given
+    `loop.clock` read the same time the loop's timers run on. Real I/O still works (it is
+    polled first); a real process started outside asyncio is not seen as busy."""
+
+    def __init__(self, clock: FakeClock | None = None, wall_limit_s: float | None = None) -> None:
+        self.clock = clock if clock is not None else FakeClock()
+        self._wall_end = None if wall_limit_s is None else time.monotonic() + wall_limit_s
+        selector = _JumpingSelector()
+        selector.loop = self
+        super().__init__(selector)
+        self.clock._loop = self
+        self._in_threads = 0
+        self._children: set[Any] = set()
+
+    def time(self) -> float:
+        return self.clock.monotonic()
+
+    def check_wall_limit(self) -> None:
+        """A test's guard: a loop that stopped jumping (or spins at one instant) fails
+        within its wall-time limit instead of hanging the suite."""
+        if self._wall_end is not None and time.monotonic() > self._wall_end:
+            raise TimeoutError(f"the virtual loop ran past its wall-time limit at {self.time()}")
+
+    def busy(self) -> bool:
+        """Is real work under way that virtual time must wait for in real time?"""
+        self._children = {c for c in self._children if c.get_returncode() is None}
+        return self._in_threads > 0 or bool(self._children)
+
+    def jump(self, timeout: float) -> None:
+        """Move the clock to the earliest timer (`timeout` away, as the loop computed it)."""
+        heap = self._scheduled  # type: ignore[attr-defined]  # asyncio drops cancelled heads
+        if heap and heap[0].when() - self.clock.monotonic() <= timeout:
+            self.clock._advance_to(heap[0].when())
+        else:
+            self.clock.advance(timeout)
+
+    def cover_early(self) -> None:
+        """asyncio runs a timer up to its clock resolution early; a real clock moves on,
+        but a virtual one would stand still and a callback that re-arms for the rest of its
+        wait would spin. So time moves to every timer about to run (before it runs)."""
+        res = self._clock_resolution  # type: ignore[attr-defined]
+        while True:
+            now = self.clock.monotonic()
+            due = [h.when() for h in self._scheduled if h.when() < now + res]  # type: ignore[attr-defined]
+            if not due or max(due) <= now:
+                return
+            self.clock._advance_to(max(due))
+
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> Any:
+        fut = super().run_in_executor(executor, func, *args)
+        self._in_threads += 1
+        fut.add_done_callback(self._thread_done)
+        return fut
+
+    def _thread_done(self, _fut: Any) -> None:
+        self._in_threads -= 1
+
+    async def _make_subprocess_transport(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        transport = await super()._make_subprocess_transport(*args, **kwargs)  # type: ignore[misc]
+        self._children.add(transport)
+        return transport
+
+
+def run_virtual(
+    main: Awaitable[T], clock: FakeClock | None = None, wall_limit_s: float | None = None
+) -> T:
+    """`asyncio.run(main)` on a `VirtualTimeLoop` (on `clock`, or a fresh `FakeClock`);
+    past `wall_limit_s` of real time it raises TimeoutError."""
+    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(clock, wall_limit_s)) as runner:
+        return runner.run(main)  # type: ignore[arg-type]
 
 
 def task_view(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -339,3 +340,48 @@ def test_an_excluded_runner_that_joins_again_gets_the_unschedulable_task_back(
     cleared = [tr for _, tr, _ in n.led.history("t1") if tr and "Excluded-Cleared" in tr.extra]
     assert [tr.extra["Excluded-Cleared"] for tr in cleared] == ["n3"]
     assert [a.node for a in n.assigned] == ["n3", "n3"]
+
+
+def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_path: Path) -> None:
+    """The seed profile's one-minute placement deadline, over the virtual loop: the
+    `PlacementDeadline` guard sleeps on the node's clock, so the requeue that excludes the
+    runner that never started comes after 60 s of virtual time and well under a second of
+    wall time (before issue 25 part 2 this test waited the minute)."""
+    from kovanex.agent.deadline import PlacementDeadline
+    from kovanex.core.gossip_profiles import profile
+    from kovanex.net.gossip import GossipNode
+    from kovanex.net.transport import MemoryNetwork, MemoryTransport
+    from kovanex.testing import run_virtual
+
+    n = Node(tmp_path / "n1", others=[node_info("n3", capabilities=frozenset({"sast"}))])
+    spec = b'[placement]\nrequires = ["sast"]\n[[steps]]\nname = "a"\nrun = "true"\n'
+    submit(n.led, "t1", spec)
+    seed = profile("seed")
+    gossip = GossipNode(
+        "n1", seed, None, {}, transport=MemoryTransport(MemoryNetwork()), clock=n.clock
+    )
+    guard = PlacementDeadline(n.ctx, n.repos, n.placer, n.sched.locks, gossip)
+    n.sched.watch_lease = guard.watch
+    guard.requeued = n.sched.after_write
+
+    async def go() -> float:
+        await gossip.start(("127.0.0.1", 0))
+        guarding = asyncio.create_task(guard.guard())
+        await n.sched.reconcile_task("r", "t1")
+        await n.sched.schedule_pending()
+        assert (n.led.read("t1").state, n.led.read("t1").node) == ("placed", "n3")
+        t0 = n.clock.monotonic()
+        while n.led.read("t1").state == "placed" and n.clock.monotonic() - t0 < 600:
+            await n.clock.sleep(1.0)
+        took = n.clock.monotonic() - t0
+        guarding.cancel()
+        await gossip.close()
+        return took
+
+    wall = time.monotonic()
+    took = run_virtual(go(), n.clock, wall_limit_s=20.0)
+    wall = time.monotonic() - wall
+    assert seed.placement_deadline <= took <= seed.placement_deadline + 2.0
+    assert n.led.read("t1").state in ("queued", "unschedulable")
+    assert any("Excluded" in (tr.extra if tr else {}) for _, tr, _ in n.led.history("t1"))
+    assert wall < 10.0, f"{wall:.2f}s of wall time for a 60 s deadline"

@@ -19,7 +19,7 @@ from kovanex import scale_executor
 from kovanex.agent.context import NodeContext
 from kovanex.agent.scaling import ApplyError, ScalingService
 from kovanex.core.autoscale import Policy
-from kovanex.testing import FakeClock
+from kovanex.testing import FakeClock, run_virtual
 from tests.agentkit import wait_for
 
 SECRET = "kx_super-secret-value"
@@ -117,7 +117,9 @@ def test_apply_feeds_the_decision_on_stdin_with_no_secret_in_env(
 def test_apply_times_out_and_kills_the_executor(tmp_path: Path) -> None:
     p = Policy(up_for_s=0, executor=recorder(tmp_path, sleep=30), executor_timeout_s=1.0)
     svc = service(tmp_path, p, [member("n1", used=2)], pending=3)
-    res = asyncio.run(svc.apply({}))
+    # the timeout runs on the service's clock: a virtual loop on it, where time runs as
+    # real time while the executor process lives (a FakeClock alone would never fire)
+    res = run_virtual(svc.apply({}), svc.ctx.clock)  # type: ignore[arg-type]
     assert not res["applied"] and "timed out after 1s" in res["executor"]["error"]
     assert svc.state.last_up is None
     assert not (tmp_path / "got.json").exists()

@@ -75,6 +75,7 @@ class Cluster:
             self.keyring,
             self.meta(),
             label=cfg.gossip_label,
+            clock=ctx.clock,
         )
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
         self.seq = 0
@@ -109,7 +110,7 @@ class Cluster:
             if n > 0:
                 self.record("agent", {"msg": f"joined via {n}/{len(peers)} peers"})
                 return
-            await asyncio.sleep(delay)
+            await self.ctx.clock.sleep(delay)
             delay = min(delay * 2, 10.0)
 
     async def stop(self, graceful: bool) -> None:
@@ -162,7 +163,7 @@ class Cluster:
             h = health()
             if h is not None:
                 self.publish_health(*h)
-            await asyncio.sleep(1.0)
+            await self.ctx.clock.sleep(1.0)
 
     # -- incoming state ----------------------------------------------------------------
     def members(self) -> list[dict[str, Any]]:
@@ -294,7 +295,7 @@ class Cluster:
                 env=env,
                 start_new_session=True,
             )
-            out, _ = await asyncio.wait_for(
+            out, _ = await self.ctx.clock.wait_for(
                 proc.communicate("".join(lines).encode()), HANDLER_TIMEOUT_S
             )
             self.record(

@@ -139,7 +139,9 @@ class NatsCoordination:
         self.keys: Callable[[], list[bytes]] = lambda: keys
         self.server: NatsServer | None = None
         if ctx.cfg.role in RUNS_NATS:
-            self.server = NatsServer(ctx.name, self.host, c, ctx.layout.root, self._auth())
+            self.server = NatsServer(
+                ctx.name, self.host, c, ctx.layout.root, self._auth(), clock=ctx.clock
+            )
         self.state = core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
         self.kv: Any = None
         self.nc: Any = None
@@ -215,7 +217,7 @@ class NatsCoordination:
             t.cancel()
         if self.nc is not None:
             try:
-                await asyncio.wait_for(self.nc.close(), 2.0)
+                await self.ctx.clock.wait_for(self.nc.close(), 2.0)
             except (TimeoutError, Exception):  # noqa: BLE001 - closing on the way out
                 pass
         if self.server is not None:
@@ -223,7 +225,7 @@ class NatsCoordination:
 
     async def _keep_routes(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await self.ctx.clock.sleep(1.0)
             self._floor_from_gossip()
             if self.server is not None and self.server.solo and not self._lone():
                 routes = [f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True)]
@@ -259,7 +261,7 @@ class NatsCoordination:
             if self.server is not None:
                 servers = [self.server.client_url]
             if not servers:  # never nats-py's default localhost:4222: that is not ours
-                await asyncio.sleep(0.5)
+                await self.ctx.clock.sleep(0.5)
                 continue
             try:
                 self.nc = await nats.connect(  # the login as arguments, never in a URL
@@ -277,7 +279,7 @@ class NatsCoordination:
                 )
             except Exception as e:  # noqa: BLE001 - no server reachable yet
                 log.debug("nats connect: %s", e)
-                await asyncio.sleep(0.5)
+                await self.ctx.clock.sleep(0.5)
         js = self.nc.jetstream(timeout=1.0)
         self.kv = await self._bucket(js)
         self.record("coordination", {"msg": "joined the NATS KV bucket"})
@@ -312,7 +314,7 @@ class NatsCoordination:
                                 now - since, len(self._peers()), e)  # fmt: skip
                 else:
                     log.debug("bucket not ready: %s", e)
-                await asyncio.sleep(0.5)
+                await self.ctx.clock.sleep(0.5)
 
     async def _grow_bucket(self) -> None:
         """A bucket made while fewer servers were known gets more replicas as they join."""
@@ -376,7 +378,7 @@ class NatsCoordination:
                     log.info("the lease is unreadable after the heal (%s); syncing again", e)
                     replied = 0  # not synced: the gate asks again
                     break
-                await asyncio.sleep(delay)
+                await self.ctx.clock.sleep(delay)
                 continue
             if rev:
                 self._apply(core.KeySeen(rev, lease))
@@ -475,7 +477,7 @@ class NatsCoordination:
                 if entry.value:
                     self.heartbeats[m["name"]] = (json.loads(entry.value), entry.revision)
             self.wake.set()
-            await asyncio.sleep(period)
+            await self.ctx.clock.sleep(period)
 
     async def _drive(self) -> None:
         self._floor_from_gossip()  # before the first acquire: a new KV starts above it
@@ -483,7 +485,7 @@ class NatsCoordination:
         while True:
             delay = max(0.0, self.wake_at - self.ctx.clock.monotonic())
             try:
-                await asyncio.wait_for(self.wake.wait(), timeout=min(delay, 0.5))
+                await self.ctx.clock.wait_for(self.wake.wait(), min(delay, 0.5))
             except TimeoutError:
                 pass
             self.wake.clear()

@@ -49,6 +49,7 @@ from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.service import ApiService
+from kovanex.clock import settled
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
 from kovanex.gitstate import gitcli
@@ -109,7 +110,12 @@ class Agent:
         self.book = TokenBook(layout.tokens_file)
         host, port = cfgmod.parse_addr(cfg.http_bind, 0)
         self.http = GitHttpServer(
-            layout.repos, ctx.token, bind=(host, port), api=self.ops.http_api, users=self.book
+            layout.repos,
+            ctx.token,
+            bind=(host, port),
+            api=self.ops.http_api,
+            users=self.book,
+            clock=ctx.clock,
         )
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
         self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
@@ -133,9 +139,13 @@ class Agent:
         self.replicas.rt.broken = self.repos.broken  # one record of the broken repos
         self.http.internal = self.replicas.wire  # replication's fetch/stage endpoints
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)
-        self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas)
+        self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas, clock=ctx.clock)
         self.sweeper = Sweeper(
-            self.repos, self.scheduler, self.watch, self.failover.fence_failed_holders
+            self.repos,
+            self.scheduler,
+            self.watch,
+            self.failover.fence_failed_holders,
+            clock=ctx.clock,
         )
         self.pushes = PushHandler(
             ctx,
@@ -172,7 +182,7 @@ class Agent:
             self.scaling,
         )
         self.hooks = HookServer(
-            layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook)
+            layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook), clock=ctx.clock
         )
         self.api.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
@@ -329,7 +339,7 @@ class Agent:
         the stop comes mid-start or a service will not close (kovanex/agent/stopping.py)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        watch = StopWatch(ctx.name)
+        watch = StopWatch(ctx.name, clock=ctx.clock)
 
         def asked() -> None:
             watch.arm()
@@ -345,7 +355,7 @@ class Agent:
         if not starting.done():
             log.warning("agent %s asked to stop while starting; start-up abandoned", ctx.name)
             starting.cancel()
-            await asyncio.wait({starting}, timeout=STEP_TIMEOUT_S)
+            await settled(ctx.clock, {starting}, STEP_TIMEOUT_S)
         elif starting.exception() is not None:
             failed = starting.exception()
             log.error("agent %s failed to start: %r; stopping", ctx.name, failed)

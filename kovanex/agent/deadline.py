@@ -107,7 +107,7 @@ class PlacementDeadline:
             wait = min([d - now for d in dues] + [1.0])
             self._kick.clear()
             try:
-                await asyncio.wait_for(self._kick.wait(), max(wait, 0.01))
+                await self.ctx.clock.wait_for(self._kick.wait(), max(wait, 0.01))
             except TimeoutError:
                 pass
             try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskScheduler
+from kovanex.clock import SYSTEM, Clock
 
 log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
@@ -23,8 +24,11 @@ SETTLE_S = 0.02
 
 
 class Dispatcher:
-    def __init__(self, repos: RepoIndex, scheduler: TaskScheduler, replicas: Any) -> None:
+    def __init__(
+        self, repos: RepoIndex, scheduler: TaskScheduler, replicas: Any, clock: Clock = SYSTEM
+    ) -> None:
         self.repos = repos
+        self.clock = clock
         self.scheduler = scheduler
         self.replicas = replicas
         # repo -> task ids whose refs moved (None: scan the whole repo, e.g. packed-refs)
@@ -78,7 +82,7 @@ class Dispatcher:
         while True:
             await self._kick.wait()
             if self._settle:
-                await asyncio.sleep(SETTLE_S)
+                await self.clock.sleep(SETTLE_S)
             self._kick.clear()
             self._settle = False
             dirty, self._dirty = self._dirty, {}
@@ -113,8 +117,10 @@ class Sweeper:
         watch: Callable[[str], None],
         fence: Callable[[], Awaitable[None]],
         every: float = SWEEP_S,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.repos = repos
+        self.clock = clock
         self.scheduler = scheduler
         self.watch = watch
         self.fence = fence
@@ -130,7 +136,7 @@ class Sweeper:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.every)
+            await self.clock.sleep(self.every)
             try:
                 await self.sweep()
             except Exception:

@@ -128,7 +128,7 @@ class Failover:
         pause) proves nothing, so those wait for SWIM's dead; epochs fence either way."""
         confirmed: set[tuple[str, int]] = set()
         while True:
-            await asyncio.sleep(PROBE_S)
+            await self.ctx.clock.sleep(PROBE_S)
             for m in self.gossip.members():
                 if m.status != "suspect" or m.name == self.ctx.name:
                     continue
@@ -138,8 +138,8 @@ class Failover:
                     continue
                 host, _, port = http[len("http://") :].rpartition(":")
                 try:
-                    _r, w = await asyncio.wait_for(
-                        asyncio.open_connection(host, int(port)), timeout=0.3
+                    _r, w = await self.ctx.clock.wait_for(
+                        asyncio.open_connection(host, int(port)), 0.3
                     )
                     w.close()
                     continue  # something answers: let SWIM decide

@@ -80,7 +80,7 @@ class ConsistentWork:
         period = self.ctx.cfg.coordination.renew_interval_s / 2
         while self.coord.backend == "nats":
             self.coord.set_consistent(self.running())
-            await asyncio.sleep(period)
+            await self.ctx.clock.sleep(period)
 
     def halt(self, repo: str, task_id: str, why: str) -> None:
         asyncio.get_running_loop().create_task(self._halt(repo, task_id, why))

@@ -122,7 +122,7 @@ class HealthService:
             except Exception:  # noqa: BLE001 - a bad reading must not end health reporting
                 log.exception("health sample failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+                await self.clock.wait_for(stop.wait(), self.interval_s)
 
     # -- reading -----------------------------------------------------------------------
     def _ensure(self) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kovanex.clock import SYSTEM, Clock
 from kovanex.gitstate.pygit2store import http_pusher
 
 log = logging.getLogger("kovanex.hooks")
@@ -39,8 +40,9 @@ Handler = Callable[[HookRequest], Awaitable[tuple[bool, list[str]]]]
 
 
 class HookServer:
-    def __init__(self, endpoint_file: Path, handler: Handler) -> None:
+    def __init__(self, endpoint_file: Path, handler: Handler, clock: Clock = SYSTEM) -> None:
         self.endpoint_file = endpoint_file
+        self.clock = clock
         self.handler = handler
         self.token = secrets.token_hex(16)
         self.server: asyncio.AbstractServer | None = None
@@ -75,7 +77,7 @@ class HookServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            req = await asyncio.wait_for(self._read(reader), timeout=30)
+            req = await self.clock.wait_for(self._read(reader), 30)
             if req is None:
                 return
             req.emit = lambda m: writer.write(f"msg {m.replace(chr(10), ' ')}\n".encode())

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kovanex.clock import settled
 from kovanex.core import grants as core
 from kovanex.core import task as taskcore
 from kovanex.core.replication import Ownership
@@ -84,7 +85,7 @@ class LeaderWork:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.period)
+            await self.a.ctx.clock.sleep(self.period)
             try:
                 self.publish_owned()
                 now = self.a.ctx.clock.monotonic()
@@ -106,7 +107,7 @@ class LeaderWork:
         answered = await self.gossip.sync(peers, timeout=2.0) if peers else set()
         started = set(rt.tasks) - before
         if started:
-            await asyncio.wait(started, timeout=2.0)
+            await settled(self.a.ctx.clock, started, 2.0)
         known = len({m.name for m in members} | {self.a.ctx.name})
         return len(answered), known
 

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from kovanex.clock import SYSTEM, Clock
 from kovanex.coordcfg import CoordinationConfig
 from kovanex.natsauth import ServerAuth, agent_permissions
 
@@ -120,9 +121,16 @@ class NatsServer:
     """Runs, reloads and restarts one nats-server process."""
 
     def __init__(
-        self, name: str, host: str, cfg: CoordinationConfig, root: Path, auth: ServerAuth
+        self,
+        name: str,
+        host: str,
+        cfg: CoordinationConfig,
+        root: Path,
+        auth: ServerAuth,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.name = name
+        self.clock = clock
         self.host = host
         self.cfg = cfg
         self.auth = auth
@@ -205,7 +213,7 @@ class NatsServer:
                 continue
             self.restarts += 1
             log.warning("nats-server exited (%s); restarting in %.1fs", rc, delay)
-            await asyncio.sleep(delay)
+            await self.clock.sleep(delay)
             delay = min(delay * 2, RESTART_MAX_S)
             await self._spawn()
 
@@ -242,7 +250,7 @@ class NatsServer:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.terminate()
             try:
-                await asyncio.wait_for(self.proc.wait(), 5.0)
+                await self.clock.wait_for(self.proc.wait(), 5.0)
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()

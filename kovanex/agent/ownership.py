@@ -10,7 +10,6 @@ runs it after the lock is released.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -216,7 +215,7 @@ class OwnershipService:
         """Let the last acks arrive so every replica ranks the same, then decide."""
         delay = at - self.rt.clock.monotonic()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self.rt.clock.sleep(delay)
         await self.takeover_due(repo)
 
     # -- takeover ------------------------------------------------------------------------

@@ -118,7 +118,7 @@ class Promotions:
     async def run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._kick.wait(), TICK_S)
+                await self.ctx.clock.wait_for(self._kick.wait(), TICK_S)
             except TimeoutError:
                 pass
             self._kick.clear()
@@ -275,7 +275,7 @@ class Promotions:
         while True:
             async with self._passed:
                 try:
-                    await asyncio.wait_for(self._passed.wait(), 2 * TICK_S + 1)
+                    await self.ctx.clock.wait_for(self._passed.wait(), 2 * TICK_S + 1)
                 except TimeoutError:
                     pass
             promos = [

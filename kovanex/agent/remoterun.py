@@ -133,7 +133,7 @@ class RemoteRuns:
             asyncio.get_running_loop().create_task(self._redeliver((repo, task_id)))
 
     async def _redeliver(self, key: tuple[str, str]) -> None:
-        await asyncio.sleep(REDELIVER_S)
+        await self.ctx.clock.sleep(REDELIVER_S)
         value = self.gossip.get(ASSIGN, f"{key[0]}/{key[1]}")
         if isinstance(value, dict) and value.get("node") == self.ctx.name:
             if key not in self.runs.runs:
@@ -157,7 +157,7 @@ class RemoteRuns:
         for delay in (1.0, 3.0, 0.0):  # our copy may not know the new owner's address yet
             if await self.hand_back(run.lease.repo, run.lease.task_id, run.lease.epoch, why):
                 return
-            await asyncio.sleep(delay)
+            await self.ctx.clock.sleep(delay)
 
     def recheck(self) -> None:
         """Deliver again the assignments to us that are not running: one that came while our
@@ -225,7 +225,7 @@ class RemoteRuns:
                 if not delay:
                     self.deadline.report(repo, task_id, epoch, fetch_failure(e))
                     return
-                await asyncio.sleep(delay)
+                await self.ctx.clock.sleep(delay)
         assert view is not None
         if view.node != self.ctx.name or view.epoch != epoch:
             log.info("%s/%s: assignment at epoch %d is stale (%s@%d on %s)", repo, task_id,

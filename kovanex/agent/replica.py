@@ -178,7 +178,9 @@ class ReplicaManager:
         await asyncio.gather(*tasks, return_exceptions=True)
         deadline = self.rt.clock.monotonic() + timeout
         while self.rt.inflight > 0 and self.rt.clock.monotonic() < deadline:
-            await asyncio.sleep(0.01)  # threads finish their git child; the loop keeps serving
+            await self.rt.clock.sleep(
+                0.01
+            )  # threads finish their git child; the loop keeps serving
         self.wire.close()
         self._started = False
 
@@ -190,7 +192,7 @@ class ReplicaManager:
                 raise
             except Exception as e:  # noqa: BLE001 - one bad pass must not end the loop
                 self.rt.error(f"{getattr(step, '__name__', step)}: {e!r}")
-            await asyncio.sleep(every)
+            await self.rt.clock.sleep(every)
 
     def _on_refs_msg(self, topic: str, payload: Any) -> None:
         if getattr(payload, "origin", None) == self.rt.node:

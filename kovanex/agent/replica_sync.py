@@ -86,7 +86,9 @@ class SyncReplicator:
         packed: bytes | None = None
         if self.wire is not None and len(wired) > 1:  # one pack-objects for all of them
             try:
-                packed = await asyncio.wait_for(self.wire.prepack(repo, refs, haves, env), timeout)
+                packed = await self.rt.clock.wait_for(
+                    self.wire.prepack(repo, refs, haves, env), timeout
+                )
             except (GitError, TimeoutError):
                 packed = None  # each stage packs for itself and reports its own failure
         left = max(0.5, timeout - (self.rt.clock.monotonic() - now))
@@ -95,7 +97,7 @@ class SyncReplicator:
             base = self.peers.base_url(name)
             if self.wire is not None and name in wired:
                 try:
-                    ok, why = await asyncio.wait_for(
+                    ok, why = await self.rt.clock.wait_for(
                         self.wire.stage(repo, base, o.epoch, refs, haves, env, packed), left
                     )
                     return name, ok, why
@@ -158,8 +160,12 @@ class SyncReplicator:
         """POST /v1/nudge/<repo> to the agent at `base` over a kept-alive connection (h11
         framing, `PeerClient`); best effort."""
         try:
-            async with asyncio.timeout(NUDGE_CONNECT_S + NUDGE_REPLY_S):
-                async with self.client.request(base, "POST", f"/v1/nudge/{repo}") as resp:
-                    await resp.read(4096)
+            await self.rt.clock.wait_for(
+                self._post_nudge(base, repo), NUDGE_CONNECT_S + NUDGE_REPLY_S
+            )
         except (OSError, TimeoutError, ValueError):
             pass  # the gossip announcement still reaches the replica
+
+    async def _post_nudge(self, base: str, repo: str) -> None:
+        async with self.client.request(base, "POST", f"/v1/nudge/{repo}") as resp:
+            await resp.read(4096)

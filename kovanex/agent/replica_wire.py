@@ -116,7 +116,7 @@ class ReplicaWire:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.client = PeerClient(rt.token)
+        self.client = PeerClient(rt.token, clock=rt.clock)
         # an offer landed (we own the repo): merge it now (ADR 0069); wired by the manager
         self.on_offered: Callable[[str], None] = lambda repo: None
 

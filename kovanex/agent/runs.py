@@ -77,6 +77,6 @@ class RunTable:
         for run in list(self.runs.values()):
             run.stand_down("agent stopping; the task resumes when an agent restarts")
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await self.ctx.clock.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.warning("%d runs did not stop within %.0fs", len(self.runs), timeout)

@@ -104,7 +104,7 @@ class ScalingService:
                 log.info("scale recommendation: %s (%s)", action, ", ".join(d["fired"]) or "-")
                 self.on_decision(d)
             try:
-                await asyncio.wait_for(stop.wait(), self.policy.sample_s)
+                await self.ctx.clock.wait_for(stop.wait(), self.policy.sample_s)
             except TimeoutError:
                 pass
 
@@ -228,7 +228,7 @@ class ScalingService:
                 "executor",
             ) from e
         try:
-            out, err = await asyncio.wait_for(
+            out, err = await self.ctx.clock.wait_for(
                 proc.communicate(json.dumps(payload).encode()), self.policy.executor_timeout_s
             )
         except TimeoutError:

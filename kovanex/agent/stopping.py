@@ -11,11 +11,12 @@ pidfile) is what `kill -9` leaves, and the next start already cleans that up (AD
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 from collections.abc import Awaitable
+
+from kovanex.clock import SYSTEM, Clock
 
 log = logging.getLogger("kovanex.agent")
 STOP_DEADLINE_S = 9.0  # systemd and the issue's bound: 10 s from SIGTERM to exit
@@ -26,8 +27,11 @@ RUNS_TIMEOUT_S = 4.0
 class StopWatch:
     """Arms once; at the deadline it logs what was still closing and exits the process."""
 
-    def __init__(self, name: str, deadline_s: float = STOP_DEADLINE_S) -> None:
+    def __init__(
+        self, name: str, deadline_s: float = STOP_DEADLINE_S, clock: Clock = SYSTEM
+    ) -> None:
         self.name = name
+        self.clock = clock  # the services' close timeouts; the watchdog stays on real time
         self.deadline_s = deadline_s
         self.stage = "starting"
         self._armed: threading.Timer | None = None
@@ -60,7 +64,7 @@ async def bounded(watch: StopWatch, name: str, step: Awaitable[object], timeout:
     others from closing."""
     watch.stage = f"closing {name}"
     try:
-        await asyncio.wait_for(step, timeout)
+        await watch.clock.wait_for(step, timeout)
     except TimeoutError:
         log.warning("stopping: %s did not close within %.0f s; going on", name, timeout)
     except Exception:  # noqa: BLE001 - the next service still closes

@@ -158,4 +158,4 @@ class UpkeepService:
             except Exception:
                 log.exception("upkeep failed")
             wait = self.core.next_due(self.ctx.clock.time(), self.repos.owned())
-            await asyncio.sleep(min(max(wait, 1.0), RECHECK_S))
+            await self.ctx.clock.sleep(min(max(wait, 1.0), RECHECK_S))

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 
 import h11
 
+from kovanex.clock import SYSTEM, Clock
 from kovanex.gitstate.gitcli import PACK_CONFIG
 from kovanex.gitstate.refs import HIDDEN, PUSH_VIA
 from kovanex.net.http11 import (
@@ -104,6 +105,7 @@ class GitHttpServer:
         max_backends: int = 32,
         users: TokenBook | None = None,
         router: Router | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         if not token:
             raise ValueError("an empty cluster token would let anyone read and push")
@@ -116,6 +118,7 @@ class GitHttpServer:
         self.router = router
         self.internal: Internal | None = None
         self.git = git
+        self.clock = clock
         # each request is one http-backend process: bound them so a burst queues, not forks
         self._backends = asyncio.Semaphore(max_backends)
         self._server: asyncio.base_events.Server | None = None
@@ -156,7 +159,7 @@ class GitHttpServer:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
-        ex = Exchange(reader, writer)
+        ex = Exchange(reader, writer, self.clock)
         try:
             while True:
                 req = await ex.next_request()
@@ -387,7 +390,7 @@ class GitHttpServer:
                         _kill_group(proc)
                     elif not clean:
                         proc.kill()
-                    await asyncio.wait_for(proc.wait(), 5.0)
+                    await self.clock.wait_for(proc.wait(), 5.0)
                 except TimeoutError:
                     _kill_group(proc)
                     await proc.wait()

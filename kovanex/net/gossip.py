@@ -1,6 +1,6 @@
 """GossipNode: the thin asyncio shell around the Membership core.
 
-It wires core + codec/keyring + transport + the loop clock and executes the
+It wires core + codec/keyring + transport + a `Clock` and executes the
 core's effects. No global state: embed as many nodes as you like in one
 process (the agent embeds one; tests embed several on a MemoryNetwork).
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kovanex.clock import SYSTEM, Clock, Timer
 from kovanex.core.effects import Publish, Send, SendStream, SetTimer
 from kovanex.core.gossip_msgs import MemberState, PushPull, Received, StreamReceived
 from kovanex.core.gossip_profiles import Profile
@@ -62,12 +63,14 @@ class GossipNode:
         label: str = "",
         transport: Transport | None = None,
         seed: int | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.name = name
+        self.clock = clock  # the core's time and its probe timer: virtual in tests
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.keyring = keyring if keyring is not None else Keyring()
         self.label = label
-        self.transport: Transport = transport or UdpTcpTransport()
+        self.transport: Transport = transport or UdpTcpTransport(clock)
         self._rng = random.Random(seed if seed is not None else secrets.randbits(64))
         self._meta = dict(meta or {})
         self._stats = Stats()
@@ -75,7 +78,7 @@ class GossipNode:
         self._core: Membership | None = None
         self._enc: Encoder | None = None
         self._dec = Decoder(self.keyring, label, self._stats)
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None  # created in start(), inside the loop
@@ -149,7 +152,7 @@ class GossipNode:
                 return False
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.05))
+                await self.clock.wait_for(self._changed.wait(), min(left, 0.05))
             except TimeoutError:
                 pass
         return True
@@ -218,8 +221,7 @@ class GossipNode:
 
     # ------------------------------------------------------------ internals
     def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        return self.clock.monotonic()
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -254,7 +256,7 @@ class GossipNode:
             elif isinstance(e, SetTimer):
                 if self._timer is not None:
                     self._timer.cancel()
-                self._timer = self._loop.call_at(e.at, self._tick)
+                self._timer = self.clock.call_later(e.at - self._now(), self._tick)
             elif isinstance(e, SendStream):
                 t = self._loop.create_task(self._send_stream(e.addr, e.msg, 5.0))
                 self._tasks.add(t)

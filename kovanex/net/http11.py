@@ -17,6 +17,8 @@ from urllib.parse import unquote
 
 import h11
 
+from kovanex.clock import SYSTEM, Clock
+
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 HEAD_TIMEOUT_S = 30.0
@@ -91,7 +93,10 @@ def error_body(status: int, message: str, field_name: str | None = None) -> byte
 class Exchange:
     """One connection: read requests, write responses, in h11's order."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, clock: Clock = SYSTEM
+    ) -> None:
+        self.clock = clock  # the idle head's timeout
         self.reader = reader
         self.writer = writer
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
@@ -111,7 +116,7 @@ class Exchange:
         if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
             self.conn.start_next_cycle()
         try:
-            ev = await asyncio.wait_for(self._event(), HEAD_TIMEOUT_S)
+            ev = await self.clock.wait_for(self._event(), HEAD_TIMEOUT_S)
         except h11.RemoteProtocolError as e:
             raise HttpError(e.error_status_hint, f"bad request: {e}") from e
         if not isinstance(ev, h11.Request):

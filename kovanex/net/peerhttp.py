@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import h11
 
+from kovanex.clock import SYSTEM, Clock
+
 IO_CHUNK = 64 * 1024
 CONNECT_TIMEOUT_S = 2.0
 MAX_IDLE_PER_PEER = 4
@@ -84,8 +86,11 @@ class PeerResponse:
 class PeerClient:
     """Idle keep-alive connections per (host, port); see the module doc."""
 
-    def __init__(self, token: str, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self, token: str, connect_timeout: float = CONNECT_TIMEOUT_S, clock: Clock = SYSTEM
+    ) -> None:
         self.token = token
+        self.clock = clock
         self.connect_timeout = connect_timeout
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self.opened = 0  # connections opened, for tests that check reuse
@@ -153,7 +158,9 @@ class PeerClient:
                 return conn
             conn.close()
         try:
-            r, w = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+            r, w = await self.clock.wait_for(
+                asyncio.open_connection(host, port), self.connect_timeout
+            )
         except (OSError, TimeoutError) as e:
             raise PeerHttpError(f"connect {host}:{port}: {e!r}") from e
         self.opened += 1

@@ -13,6 +13,8 @@ import struct
 from collections.abc import Callable
 from typing import Protocol
 
+from kovanex.clock import SYSTEM, Clock
+
 Addr = tuple[str, int]
 OnData = Callable[[bytes, Addr], None]
 MAX_STREAM = 32 * 1024 * 1024
@@ -54,7 +56,8 @@ class _Udp(asyncio.DatagramProtocol):
 class UdpTcpTransport:
     """UDP for packets, TCP (same port number) for push-pull streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock  # a push-pull's deadline
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.base_events.Server | None = None
         self._addr: Addr = ("", 0)
@@ -110,16 +113,18 @@ class UdpTcpTransport:
         if self.closed:
             return False
         try:
-            async with asyncio.timeout(timeout):
-                _, writer = await asyncio.open_connection(addr[0], addr[1])
-                try:
-                    writer.write(_LEN.pack(len(data)) + data)
-                    await writer.drain()
-                finally:
-                    writer.close()
+            await self.clock.wait_for(self._send(data, addr), timeout)
             return True
         except (OSError, TimeoutError):
             return False
+
+    async def _send(self, data: bytes, addr: Addr) -> None:
+        _, writer = await asyncio.open_connection(addr[0], addr[1])
+        try:
+            writer.write(_LEN.pack(len(data)) + data)
+            await writer.drain()
+        finally:
+            writer.close()
 
     async def close(self) -> None:
         self.closed = True
