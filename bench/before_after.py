@@ -78,12 +78,14 @@ def main() -> int:
             got[side].append(run(path, module))
     names = [k for k in got["after"][0] if all(k in r for r in got["before"] + got["after"])]
     print(f"`{' '.join(module)}`, {a.rounds} rounds each, alternating; medians\n")
-    print("| figure | before | after | after/before |")
-    print("|---|---|---|---|")
+    print("| figure | before | after | after/before | before, each round | after, each round |")
+    print("|---|---|---|---|---|---|")
     for k in names:
         b = statistics.median(r[k] for r in got["before"])
         f = statistics.median(r[k] for r in got["after"])
-        print(f"| {k} | {_num(b)} | {_num(f)} | {f / b:.2f} |" if b else f"| {k} | {b} | {f} | - |")
+        each = [" / ".join(_num(r[k]) for r in got[side]) for side in ("before", "after")]
+        ratio = f"{f / b:.2f}" if b else "-"
+        print(f"| {k} | {_num(b)} | {_num(f)} | {ratio} | {each[0]} | {each[1]} |")
     return 0
 
 
