@@ -2,7 +2,8 @@
 
     python -m bench.before_after --before /path/to/old/checkout -- bench.push_bench --pushes 20
 
-Each checkout runs the benchmark with its own `.venv` (its own code), round by round
+Each checkout runs the benchmark with its own `.venv` (or this one, with the checkout on
+PYTHONPATH: its own code either way), round by round
 (before, after, before, after, ...), so both see the same machine load. The figures of
 the benchmark's markdown table are collected per round, and the medians are printed side
 by side with the after/before ratio.
@@ -11,6 +12,7 @@ by side with the after/before ratio.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -39,8 +41,16 @@ def rows(text: str) -> dict[str, float]:
 
 def run(checkout: Path, module: list[str]) -> dict[str, float]:
     py = checkout / ".venv" / "bin" / "python"
+    # a worktree without a venv of its own runs on this one, with its own code first on
+    # the path (PYTHONPATH: the agents and hooks it spawns import it too)
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
     res = subprocess.run(
-        [str(py), "-m", *module], cwd=checkout, capture_output=True, text=True, timeout=1800
+        [str(py) if py.exists() else sys.executable, "-m", *module],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     if res.returncode != 0:
         raise SystemExit(f"{checkout}: {' '.join(module)} failed:\n{res.stderr[-2000:]}")
@@ -68,12 +78,14 @@ def main() -> int:
             got[side].append(run(path, module))
     names = [k for k in got["after"][0] if all(k in r for r in got["before"] + got["after"])]
     print(f"`{' '.join(module)}`, {a.rounds} rounds each, alternating; medians\n")
-    print("| figure | before | after | after/before |")
-    print("|---|---|---|---|")
+    print("| figure | before | after | after/before | before, each round | after, each round |")
+    print("|---|---|---|---|---|---|")
     for k in names:
         b = statistics.median(r[k] for r in got["before"])
         f = statistics.median(r[k] for r in got["after"])
-        print(f"| {k} | {_num(b)} | {_num(f)} | {f / b:.2f} |" if b else f"| {k} | {b} | {f} | - |")
+        each = [" / ".join(_num(r[k]) for r in got[side]) for side in ("before", "after")]
+        ratio = f"{f / b:.2f}" if b else "-"
+        print(f"| {k} | {_num(b)} | {_num(f)} | {ratio} | {each[0]} | {each[1]} |")
     return 0
 
 

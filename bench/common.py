@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -35,13 +36,27 @@ def sandbox(prefix: str) -> Path:
     return root
 
 
+# A step gets its own /tmp, /var/tmp and /dev/shm (ADR 0073), so a dir a step shares with
+# the bench lives elsewhere: here, removed when the bench ends.
+SHARED_BASE = Path("/var/lib/kovanex-bench")
+PRIVATE_TO_A_STEP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
 def step_writable(d: Path) -> Path:
-    """Make `d` (inside a sandbox) a dir a task's step may write to. As root, steps run as
-    their compute unit's user (ADR 0010), who can neither enter a 0700 mkdtemp nor write
-    a root-owned dir."""
+    """A dir named like `d` that a task's step may write to and the bench can read; returns
+    its path. As root, steps run as their compute unit's user (ADR 0010), who can neither
+    enter a 0700 mkdtemp nor write a root-owned dir, and see their own /tmp: a `d` under
+    /tmp moves to a fresh dir under SHARED_BASE."""
+    if os.geteuid() == 0 and str(d.resolve()).startswith(PRIVATE_TO_A_STEP):
+        SHARED_BASE.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(SHARED_BASE, 0o755)
+        top = Path(tempfile.mkdtemp(prefix="bench-", dir=SHARED_BASE))
+        atexit.register(shutil.rmtree, top, True)
+        os.chmod(top, 0o755)
+        d = top / d.name
     d.mkdir(parents=True, exist_ok=True)
     for p in d.parents:
-        if p == Path(tempfile.gettempdir()) or p == p.parent:
+        if p in (Path(tempfile.gettempdir()), SHARED_BASE) or p == p.parent:
             break
         os.chmod(p, os.stat(p).st_mode | 0o111)
     os.chmod(d, 0o1777)

@@ -3,7 +3,7 @@
 Each task records when it started (`<PEER_DIR>/<id>.start`), spawns `sh -c true` as a
 Kovanex step does, and marks itself done (`<id>.done`); the bench reads the files, so no
 result backend is involved. Configured by environment: PEER_DIR, PEER_BROKER (celery's
-redis URL), PEER_HUEY_DB (huey's SQLite file). Imported by the workers the bench starts.
+redis URL), PEER_HUEY_DB (huey's SQLite file); rq's workers import `trivial` by name. Imported by the workers the bench starts.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ def huey_app():  # noqa: ANN201
 
     h = SqliteHuey("peer", filename=os.environ.get("PEER_HUEY_DB", "peer.db"), results=False)
     return h, h.task(name="trivial")(trivial)
+
+
+def rq_queue(url: str):  # noqa: ANN201
+    from redis import Redis
+    from rq import Queue
+
+    return Queue("peer", connection=Redis.from_url(url))
 
 
 if os.environ.get("PEER_APP") == "celery":  # in the worker: `celery -A bench.peer_apps`

@@ -7,13 +7,18 @@ run (so all see the same machine load):
   timed until the last task has `succeeded`;
 - celery (redis broker: Debian's `redis-server`, started by the bench on a free port;
   prefork pool, concurrency 2);
-- huey (SQLite storage, 2 thread workers).
+- huey (SQLite storage, 2 thread workers);
+- rq (`rq worker-pool -n 2` on its own redis-server, started like celery's; each worker
+  forks a child per job, rq's default);
+- issue 11's floor (bench.push_bench.floor_rate): one spawn, two commits and one ref per
+  task with pygit2, single-threaded.
 tasks/s is 300 over the time from the first enqueue to the last task done. Enqueue → start
 is measured one task at a time (enqueue, wait for it to finish, repeat), so it is the
 latency of an idle queue, not the backlog: every task notes its own start time (a
-peer's in Python, a Kovanex step with `date +%s.%N`, which costs one spawn more).
+peer's in Python, a Kovanex step with `date +%s.%N`, which costs one spawn more); Kovanex's includes the
+HTTP push, a peer's its enqueue call.
 
-celery, huey and the redis client are the `bench` extra (`pip install -e '.[bench]'`),
+celery, huey, rq and the redis client are the `bench` extra (`pip install -e '.[bench]'`),
 redis-server a Debian package; `make bench-peers` installs both.
 
 Run: .venv/bin/python -m bench.peer_bench [--tasks 300] [--latency 20]
@@ -22,13 +27,14 @@ Run: .venv/bin/python -m bench.peer_bench [--tasks 300] [--latency 20]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pygit2
@@ -47,8 +53,10 @@ from bench.common import (
     stop,
     wait,
 )
+from bench.push_bench import floor_rate
 from kovanex import config as cfgmod
 
+HERE = Path(__file__).resolve().parent.parent
 SPEC = '[[steps]]\nname = "s"\nrun = "true"\n'
 
 
@@ -82,7 +90,10 @@ def run_queue(
     return rate, lat
 
 
-def celery_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+@contextlib.contextmanager
+def redis_server(root: Path) -> Iterator[int]:
+    """Debian's redis-server on a free port, no persistence; yields the port. celery and
+    rq each get their own (a fresh, empty broker), started the same way."""
     server = shutil.which("redis-server")
     if server is None:
         raise SystemExit(
@@ -95,20 +106,26 @@ def celery_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
         stdout=open(root / "redis.log", "ab"),
         stderr=open(root / "redis.log", "ab"),
     )
-    d = root / "celery"
-    d.mkdir()
-    env = {
-        **os.environ,
-        "PEER_APP": "celery",
-        "PEER_DIR": str(d),
-        "PEER_BROKER": f"redis://127.0.0.1:{port}/0",
-    }
-    os.environ.update({k: env[k] for k in ("PEER_DIR", "PEER_BROKER")})
-    worker = None
     try:
         import redis as redislib
 
         wait(lambda: _pings(redislib, port), 30)
+        yield port
+    finally:
+        stop(redis)
+
+
+def celery_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+    d = root / "celery"
+    d.mkdir()
+    with redis_server(root) as port:
+        env = {
+            **os.environ,
+            "PEER_APP": "celery",
+            "PEER_DIR": str(d),
+            "PEER_BROKER": f"redis://127.0.0.1:{port}/0",
+        }
+        os.environ.update({k: env[k] for k in ("PEER_DIR", "PEER_BROKER")})
         celery = shutil.which("celery", path=os.path.dirname(sys.executable)) or "celery"
         cmd = [celery, "-A", "bench.peer_apps", "worker", "-P", "prefork", "-c", "2"]
         worker = spawn(
@@ -117,14 +134,39 @@ def celery_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
             stdout=open(root / "celery.log", "ab"),
             stderr=open(root / "celery.log", "ab"),
         )
-        from bench.peer_apps import celery_app
+        try:
+            from bench.peer_apps import celery_app
 
-        _, task = celery_app()
-        return run_queue(d, lambda tid: task.delay(tid), n, lat_n)
-    finally:
-        if worker is not None:
+            _, task = celery_app()
+            return run_queue(d, lambda tid: task.delay(tid), n, lat_n)
+        finally:
             stop(worker)
-        stop(redis)
+
+
+def rq_run(root: Path, n: int, lat_n: int) -> tuple[float, list[float]]:
+    """rq's `worker-pool` of 2 (each worker forks a child per job, rq's default)."""
+    d = root / "rq"
+    d.mkdir()
+    with redis_server(root) as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        env = {**os.environ, "PEER_DIR": str(d)}
+        os.environ["PEER_DIR"] = str(d)
+        rq = shutil.which("rq", path=os.path.dirname(sys.executable)) or "rq"
+        worker = spawn(
+            [rq, "worker-pool", "-u", url, "-n", "2", "-q", "-P", str(HERE), "peer"],
+            env=env,
+            stdout=open(root / "rq.log", "ab"),
+            stderr=open(root / "rq.log", "ab"),
+        )
+        try:
+            from bench.peer_apps import rq_queue
+
+            q = rq_queue(url)
+            return run_queue(
+                d, lambda tid: q.enqueue("bench.peer_apps.trivial", tid, result_ttl=0), n, lat_n
+            )
+        finally:
+            stop(worker)
 
 
 def _pings(redislib, port: int) -> bool:  # noqa: ANN001
@@ -219,11 +261,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=300)
     ap.add_argument("--latency", type=int, default=20)
-    ap.add_argument("--peers", default="kovanex,celery,huey")
+    ap.add_argument("--peers", default="kovanex,celery,huey,rq")
     a = ap.parse_args()
     install_cleanup()
     root = sandbox("kx-peers-")
-    runs = {"kovanex": kovanex_run, "celery": celery_run, "huey": huey_run}
+    runs = {"kovanex": kovanex_run, "celery": celery_run, "huey": huey_run, "rq": rq_run}
     res = {}
     for peer in a.peers.split(","):
         print(f"bench: {peer} ...", file=sys.stderr, flush=True)
@@ -240,6 +282,13 @@ def main() -> None:
                 f"{1000 * pct(lat, 95):.1f}",
             ]
         )
+    if base:  # issue 11's floor, in the same run: one spawn, two commits, one ref a task
+        floor = floor_rate(root, a.tasks)
+        rows.append(["floor tasks/s", f"{floor:.1f}", f"{floor / base[0]:.2f}× kovanex", "", ""])
+        for peer in ("rq", "celery"):
+            if peer in res:
+                rows.append([f"kovanex ÷ {peer}", f"{base[0] / res[peer][0]:.2f}", "", "", ""])
+        rows.append(["kovanex ÷ floor", f"{base[0] / floor:.3f}", "goal ≥0.33", "", ""])
     print(f"load average {os.getloadavg()[0]:.2f} (shared host)", file=sys.stderr)
     print(
         md_table(

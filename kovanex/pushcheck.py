@@ -430,6 +430,29 @@ def queue_submission(
     return "queued"
 
 
+def queued_transition(
+    ledger: TaskLedger,
+    view: taskcore.TaskView,
+    priority: int | None,
+    limits: InputLimits,
+    pusher: str | None,
+) -> taskcore.Transition | None:
+    """The `queued` transition `queue_submission` would write for `view`, for a caller
+    that writes many tasks' at once (the dispatcher's batch); None for a task that is not
+    simply queued (not submitted, skipped, an invalid spec): queue_submission's own path."""
+    if view.state != taskcore.SUBMITTED or is_skipped(ledger, view.task_id, view.tip):
+        return None
+    spec_prio = None
+    data = ledger.spec_bytes(view.task_id)
+    if data is not None:
+        try:
+            spec_prio = specmod.load_spec(data, SPEC_PATH, limits).priority
+        except specmod.SpecError:
+            return None
+    prio = priority if priority is not None else (spec_prio if spec_prio is not None else 50)
+    return taskcore.queue(view, prio, pusher or pushed_by(ledger, view.task_id, view.tip))
+
+
 def pushed_by(ledger: TaskLedger, task_id: str, tip: str) -> str:
     """The token's name for a push over HTTP; `local@<node>` for a push over a local path,
     which only someone with the node's data dir can make (the CLI acts as admin there).

@@ -99,10 +99,12 @@ class Dispatcher:
                     await self.scheduler.reconcile_repo(repo)
                     continue
                 ledger = self.repos.ledger(repo)
+                moved = []
                 for task_id in sorted(tasks):
                     tip = ledger.tip(task_id)
                     if tip is not None and tip != self.scheduler.tips.get((repo, task_id)):
-                        await self.scheduler.reconcile_task(repo, task_id)
+                        moved.append(task_id)
+                await self.scheduler.reconcile_tasks(repo, moved)
             await self.scheduler.schedule_pending()
 
 

@@ -32,10 +32,17 @@ from kovanex.core.effects import (
     WriteRef,
 )
 from kovanex.gitstate import tipscan
-from kovanex.gitstate.ledger import Lease, NoSuchTask, task_id_of, transition_of
+from kovanex.gitstate.ledger import Chain, Lease, NoSuchTask, task_id_of, transition_of
 from kovanex.gitstate.refs import TASK_PREFIX, task_ref
 from kovanex.gitstate.store import CasConflict, StaleEpoch, StaleTerm
-from kovanex.pushcheck import PushOptions, RefUpdate, is_skipped, queue_submission, record_push
+from kovanex.pushcheck import (
+    PushOptions,
+    RefUpdate,
+    is_skipped,
+    queue_submission,
+    queued_transition,
+    record_push,
+)
 
 log = logging.getLogger("kovanex.agent")
 Key = tuple[str, str]
@@ -114,10 +121,12 @@ class TaskScheduler:
             await self._reconcile_from_tips(repo)
             return
         refs = self.repos.ledger(repo).store.refs(TASK_PREFIX)
+        moved = []
         for ref, tip in sorted(refs.items()):
             task_id = task_id_of(ref)
-            if task_id is not None and (force or self.tips.get((repo, task_id)) != tip):
-                await self.reconcile_task(repo, task_id)
+            if task_id is not None and self.tips.get((repo, task_id)) != tip:
+                moved.append(task_id)
+        await self.reconcile_tasks(repo, moved)
 
     async def _reconcile_from_tips(self, repo: str) -> None:
         """Every task of a repo (start, takeover), from one for-each-ref of the tips: a
@@ -156,6 +165,57 @@ class TaskScheduler:
         self.tips.pop(key, None)
         self.core.pending.pop(key, None)
         self.repos.ledger(key[0]).forget(key[1])
+
+    async def reconcile_tasks(self, repo: str, task_ids: list[str]) -> None:
+        """Reconcile tasks whose refs moved together (a push of many branches): first
+        queue every plain submission among them in one ref transaction (issue 22: one per
+        pass, not one CAS per task), then reconcile each as before; a task the batch
+        did not take (busy, skipped, an invalid spec, a refused batch) takes the usual
+        path, which re-reads it and decides again."""
+        if len(task_ids) > 1:
+            self._queue_together(repo, task_ids)
+        for task_id in task_ids:
+            await self.reconcile_task(repo, task_id)
+
+    def _queue_together(self, repo: str, task_ids: list[str]) -> None:
+        """Write `queued` for the submitted tasks among `task_ids` in one transaction.
+        Synchronous on the loop, so no other coroutine runs in between: a task whose lock
+        is free stays free until the batch is written, and a locked one is left out."""
+        ledger = self.repos.ledger(repo)
+        chains: list[Chain] = []
+        for task_id in task_ids:
+            if self.locks.of((repo, task_id)).locked():
+                continue
+            try:
+                view = ledger.read(task_id)
+            except NoSuchTask:
+                continue
+            if view.state != taskcore.SUBMITTED:
+                continue
+            opts = self.push_opts.get((repo, task_id, view.tip))
+            if opts is not None and opts.skip:
+                continue
+            tr = queued_transition(
+                ledger,
+                view,
+                opts.priority if opts is not None else None,
+                self.ctx.cfg.limits,
+                opts.pusher if opts is not None else None,
+            )
+            if tr is not None:
+                chains.append(Chain(task_id, [tr], view.tip, tr.epoch))
+        if len(chains) < 2:
+            return  # one task: the usual path costs the same
+        try:
+            tips = ledger.append_batch(chains)
+        except (CasConflict, StaleEpoch) as e:
+            log.info(
+                "%s: queueing %d tasks together refused (%s); one by one", repo, len(chains), e
+            )
+            return
+        for c in chains:
+            self.push_opts.pop((repo, c.task_id, c.expected_tip), None)
+            self.tips[(repo, c.task_id)] = tips[c.task_id]
 
     async def reconcile_task(self, repo: str, task_id: str) -> None:
         async with self.locks.of((repo, task_id)):

@@ -89,6 +89,16 @@ def term_of(tr: Transition | None) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Chain:
+    """One task's transitions for `TaskLedger.append_batch`, decided on `expected_tip`."""
+
+    task_id: str
+    transitions: list[Transition]
+    expected_tip: str | None
+    lease_epoch: int
+
+
 PRIMED_MAX = 256
 
 
@@ -184,6 +194,49 @@ class TaskLedger:
         chain (issue 11: one ref write instead of one per commit). `tree`, `files` and
         `body` apply to the first commit; the others keep its tree."""
         ref = self.ref_of(task_id)
+        parent, view = self._chain(
+            task_id, transitions, expected_tip, lease_epoch, tree=tree, files=files, body=body
+        )
+        self.store.cas_ref(ref, parent, expected_tip)
+        if view is not None:
+            self._views[task_id] = view  # the next read of this tip needs no walk
+        return parent
+
+    def append_batch(self, chains: list[Chain]) -> dict[str, str]:
+        """Write the chains of many tasks and move all their branches in one ref
+        transaction (issue 22: one per pass, not one per task); returns task id -> new
+        tip. Each chain is checked as `append_all` checks it, and every branch is
+        compare-and-swapped from its own `expected_tip`: a stale epoch or a moved branch
+        anywhere refuses the whole batch (StaleEpoch / CasConflict) and no branch moves,
+        so the caller re-reads and decides again, task by task. The commits a refused
+        batch made are unreachable, as a lost `append_all`'s are."""
+        if len({c.task_id for c in chains}) != len(chains):
+            raise ValueError("append_batch: a task is named twice in one batch")
+        made: list[tuple[Chain, str, TaskView | None]] = []
+        for c in chains:
+            tip, view = self._chain(c.task_id, c.transitions, c.expected_tip, c.lease_epoch)
+            made.append((c, tip, view))
+        self.store.cas_refs([(self.ref_of(c.task_id), tip, c.expected_tip) for c, tip, _ in made])
+        for c, _, view in made:
+            if view is not None:
+                self._views[c.task_id] = view
+        return {c.task_id: tip for c, tip, _ in made}
+
+    def _chain(
+        self,
+        task_id: str,
+        transitions: list[Transition],
+        expected_tip: str | None,
+        lease_epoch: int,
+        *,
+        tree: str | None = None,
+        files: dict[str, bytes | None] | None = None,
+        body: str = "",
+    ) -> tuple[str, TaskView | None]:
+        """Make the chain's commits on `expected_tip` after checking the branch is still
+        there and no transition is behind its epoch or term; moves no ref. Returns the
+        new tip and the view folded to it (None for a branch that starts here)."""
+        ref = self.ref_of(task_id)
         actual = self.store.get_ref(ref)
         if actual != expected_tip:
             raise CasConflict(ref, expected_tip, actual)
@@ -217,11 +270,8 @@ class TaskLedger:
             if view is not None:
                 view = core.apply(view, oid, transition)
             parent = oid
-        assert parent is not None, "append_all needs at least one transition"
-        self.store.cas_ref(ref, parent, expected_tip)
-        if view is not None:
-            self._views[task_id] = view  # the next read of this tip needs no walk
-        return parent
+        assert parent is not None, "a chain needs at least one transition"
+        return parent, view
 
     def claim(self, task_id: str, node: str, score_extra: dict[str, object] | None = None) -> Lease:
         """Place a queued (or unschedulable) task on `node` with a fresh epoch, by CAS."""

@@ -50,6 +50,21 @@ class MemoryStore:
                 raise CasConflict(name, old, actual)
             self._refs[name] = new
 
+    def cas_refs(self, updates: list[tuple[str, str, str | None]]) -> None:
+        """All or nothing: every ref is checked before any moves (see Pygit2Store)."""
+        if len({u[0] for u in updates}) != len(updates):
+            raise ValueError("cas_refs: a ref is named twice in one batch")
+        for _, new, _ in updates:
+            if new not in self._commits:
+                raise KeyError(f"no such commit {new}")
+        with self._lock:
+            for name, _, old in updates:
+                actual = self._refs.get(name)
+                if actual != old:
+                    raise CasConflict(name, old, actual)
+            for name, new, _ in updates:
+                self._refs[name] = new
+
     def pusher(self, ref: str, oid: str) -> str | None:
         return None  # nothing reaches a memory store over HTTP
 

@@ -28,6 +28,10 @@ from kovanex.gitstate.store import (
 LOCK_TIMEOUT_S = 5.0
 
 
+class _LockBusy(Exception):
+    """Another writer holds a ref's lock and the ref has not moved (yet): try again."""
+
+
 class Pygit2Store:
     def __init__(self, path: str, extra_object_dirs: list[str] | None = None) -> None:
         self.repo = pygit2.Repository(path)
@@ -85,6 +89,54 @@ class Pygit2Store:
             if actual != old:
                 raise CasConflict(name, old, actual) from None
             raise exc
+
+    def cas_refs(self, updates: list[tuple[str, str, str | None]]) -> None:
+        """Move many refs in one libgit2 transaction, every one compare-and-swapped: all
+        their `.lock` files are taken first (in name order), each ref's value is checked
+        against its `old` under its lock, and only then are they written. One mismatch
+        refuses the batch (CasConflict naming that ref) and nothing moves. A lock another
+        writer holds is waited for as in `cas_ref`, unless that ref has already moved."""
+        if len(updates) == 1:
+            self.cas_ref(*updates[0])
+            return
+        names = [u[0] for u in updates]
+        if len(set(names)) != len(names):
+            raise ValueError("cas_refs: a ref is named twice in one batch")
+        for _, new, _ in updates:
+            if not isinstance(self.repo.get(new), pygit2.Commit):
+                raise KeyError(f"no such commit {new}")
+        deadline = _time.monotonic() + LOCK_TIMEOUT_S
+        delay = 0.0005
+        while True:
+            if self._cas_batch_once(sorted(updates)):
+                return
+            if _time.monotonic() > deadline:
+                raise OSError("cas_refs: a ref stayed locked by another writer")
+            _time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def _cas_batch_once(self, updates: list[tuple[str, str, str | None]]) -> bool:
+        """One try: True when written, False when a lock was busy (nothing written). An
+        exception leaving the `with` frees the transaction and its locks uncommitted."""
+        try:
+            with self.repo.transaction() as txn:
+                for name, _, old in updates:
+                    try:
+                        txn.lock_ref(name)
+                    except (OSError, pygit2.GitError):
+                        actual = self.get_ref(name)
+                        if actual != old:
+                            raise CasConflict(name, old, actual) from None
+                        raise _LockBusy from None
+                for name, _, old in updates:  # under every lock: nobody can move them now
+                    actual = self.get_ref(name)
+                    if actual != old:
+                        raise CasConflict(name, old, actual)
+                for name, new, _ in updates:
+                    txn.set_target(name, new, message="kovanex: cas")
+        except _LockBusy:
+            return False
+        return True
 
     def refs(self, prefix: str) -> dict[str, str]:
         """Direct refs under `prefix`, by one `git for-each-ref` on the prefix's directory:
