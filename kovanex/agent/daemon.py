@@ -48,19 +48,17 @@ from kovanex.agent.stopping import RUNS_TIMEOUT_S, STEP_TIMEOUT_S, StopWatch, bo
 from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
-from kovanex.api.service import ApiService
+from kovanex.api.feeds import ApiFeeds
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
 from kovanex.gitstate import gitcli
-from kovanex.net.githttp import GitHttpServer
+from kovanex.net.githttp import GitHttpServer, Router
 from kovanex.paths import install_hooks
 from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
-from kovanex.ui.routes import UiRouter
 
 log = logging.getLogger("kovanex.agent")
-GIT_CACHE_BYTES = 16 * 2**20
 
 
 def prepare_repo(path: Path, data_dir: Path, pack_bytes: int) -> None:
@@ -69,10 +67,18 @@ def prepare_repo(path: Path, data_dir: Path, pack_bytes: int) -> None:
     gitcli.ensure_repo_config(path, pack_bytes)
 
 
-class Agent:
-    """Builds the services and connects them; `run` starts and stops them in order."""
+Front = Callable[["Agent"], Router]
 
-    def __init__(self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig) -> None:
+
+class Agent:
+    """Builds the services and connects them; `run` starts and stops them in order.
+
+    `front` builds what serves /v1 and /ui/ on the HTTP listener over the finished
+    services (kovanex/node.py: the API and the dashboard sit above the agent, issue 25)."""
+
+    def __init__(
+        self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, front: Front | None = None
+    ) -> None:
         ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout))
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
@@ -152,8 +158,6 @@ class Agent:
         )
         self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
-        self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
-        self.http.router = UiRouter(self, self.api.router)  # /ui/ pages, then /v1
         self.scaling = ScalingService(
             ctx,
             pending=lambda: len(self.scheduler.pending),
@@ -161,6 +165,8 @@ class Agent:
             local_free=lambda: self.runs.slots.free,
             health=lambda: self.cluster.node.items("health"),
         )
+        # the API's event feeds (kovanex/api/feeds.py); its router is built by `front`
+        self.feeds = ApiFeeds(self.repos.ledger, self.repos.all(), self.scaling.decision)
         self.metrics = Metrics(
             ctx,
             self.cluster,
@@ -174,11 +180,13 @@ class Agent:
         self.hooks = HookServer(
             layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook)
         )
-        self.api.hub.subscribe(self.metrics.events.on_event)
+        self.feeds.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.upkeep = UpkeepService(ctx, self.repos, self._archived, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
         self.leader = LeaderWork(self)  # the leader's grants and reschedules (ADR 0036)
+        if front is not None:  # /ui/ pages, then /v1
+            self.http.router = front(self)
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
@@ -201,8 +209,8 @@ class Agent:
         self.failover.requeued = self._requeued
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
-        self.cluster.on_record = self.api.recorded
-        self.promotions.on_change = self.api.promoted
+        self.cluster.on_record = self.feeds.recorded
+        self.promotions.on_change = self.feeds.promoted
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
@@ -253,16 +261,16 @@ class Agent:
         self.dispatcher.changed(repo)
         for r, task_id in sorted(self.scheduler.active):
             if r == repo:
-                self.api.ref_moved(repo, task_id)
+                self.feeds.ref_moved(repo, task_id)
 
     def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
         self.dispatcher.ref_moved(repo, task_id)
-        self.api.ref_moved(repo, task_id)
+        self.feeds.ref_moved(repo, task_id)
         self.promotions.kick(repo)  # a gate task may have finished
 
     def _archived(self, key: tuple[str, str]) -> None:
         self.scheduler.forget(key)
-        self.api.tasks.forget(key)
+        self.feeds.tasks.forget(key)
 
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)
@@ -384,7 +392,7 @@ class Agent:
         await self.cluster.start()
         self.hooks.bind()  # its port, served later, is closed to units with the rest
         await self._enforce_network()  # before any step can run
-        self.api.start()  # its scale poller reads gossip: only once gossip has started
+        self.feeds.start()  # its scale poller reads gossip: only once gossip has started
         await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
         self.remote.start()
@@ -435,18 +443,6 @@ class Agent:
         await bounded(watch, "coordination", self.coord.stop(), t)
         await bounded(watch, "gossip", self.cluster.stop(graceful=self.ctx.leaving), t)
         await bounded(watch, "http", self.http.close(), t)
-        await bounded(watch, "api", self.api.stop(), t)
+        await bounded(watch, "api", self.feeds.stop(), t)
         await bounded(watch, "control", self.control.close(), t)
         self.ctx.layout.pid_file.unlink(missing_ok=True)
-
-
-def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:
-    cfg = cfgmod.load(layout)
-    import pygit2
-    import uvloop
-
-    # libgit2 keeps up to 256 MiB of parsed objects by default; the agent re-reads tips,
-    # not whole histories, so a small cache keeps RSS flat as history grows (ADR 0030)
-    pygit2.settings.cache_max_size(GIT_CACHE_BYTES)
-
-    uvloop.run(Agent(layout, cfg).run(on_ready))

@@ -29,7 +29,7 @@ from kovanex.core.replication import Ownership
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.agent.services import NodeServices
 
 log = logging.getLogger("kovanex.leader")
 TOPIC = "consistent"
@@ -38,7 +38,7 @@ REISSUE_TTLS = 4  # a decision nobody carried out is issued again after this man
 
 
 class LeaderWork:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: NodeServices) -> None:
         self.a = agent
         self.on = agent.coord.backend == "nats"
         self.ttl_s = agent.ctx.cfg.coordination.lease_ttl_s

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlencode
 
 from kovanex.api.router import SESSION_COOKIE, ApiRouter
@@ -31,10 +30,11 @@ from kovanex.net.httpauth import Principal, authenticate
 from kovanex.tokens import Refused
 from kovanex.ui import views
 from kovanex.ui.healthring import HealthRing
-from kovanex.ui.page import Page, UiError, confirm_form, esc, flash, template
+from kovanex.ui.page import Api, Page, UiError, confirm_form, esc, flash, template
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.events import EventHub
+    from kovanex.api.ports import ApiServices
 
 log = logging.getLogger("kovanex.ui")
 HTML = "text/html; charset=utf-8"
@@ -55,29 +55,12 @@ def _static() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
 
 
-class Api:
-    """The /v1 router called in-process with a session's token."""
-
-    def __init__(self, router: ApiRouter, token: str) -> None:
-        self.router = router
-        self.token = token
-
-    async def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {"authorization": f"Bearer {self.token}", "content-type": "application/json"}
-        raw = b"" if body is None else json.dumps(body).encode()
-        resp = await self.router.handle(HttpRequest(method, path, headers, body=raw))
-        data = resp.body if isinstance(resp.body, bytes) else b"".join([c async for c in resp.body])
-        doc = json.loads(data or b"{}")
-        if resp.status >= 400:
-            raise UiError(resp.status, str(doc.get("message", doc)))
-        return doc
-
-
 class UiRouter:
     """Claims /ui (pages, actions, static files); everything else goes to the API router."""
 
-    def __init__(self, agent: Agent, api: ApiRouter) -> None:
-        self.a = agent
+    def __init__(self, services: ApiServices, hub: EventHub, api: ApiRouter) -> None:
+        agent = self.a = services
+        self.hub = hub
         self.api = api
         self.body_bytes = api.body_bytes  # a form or an API body: limits.api_body_bytes
         self.static = _static()
@@ -141,7 +124,7 @@ class UiRouter:
             # a redirect, not a 401 page: the browser logs every 401 document as an error
             return _redirect("/ui/login?" + urlencode({"next": req.target}))
         token, who = session
-        page = Page(self.a, Api(self.api, token), who, self.csrf(token), req, self.ring)
+        page = Page(self.a, self.hub, Api(self.api, token), who, self.csrf(token), req, self.ring)
         if req.method == "POST":
             form = _form(req)
             if not hmac.compare_digest(form.get("csrf", "").encode(), page.csrf.encode()):

@@ -220,7 +220,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
                 if (repo, pid) in approvable else ""  # released, failed...: nothing to approve
             )  # fmt: skip
             releases.append([esc(repo), esc(ref), f"<code>{esc(oid)}</code>", esc(subject), acts])
-    events = page.a.api.hub.since(0, ["promotion"])[-20:]
+    events = page.hub.since(0, ["promotion"])[-20:]
     part = (
         table(["environment", "nodes"], rows, tid="envs", empty="no environments")
         + f"<p>promotion path: {esc(path)}</p>"
