@@ -23,7 +23,7 @@ GIT_CACHE_BYTES = 16 * 2**20
 def front(agent: Agent) -> Router:
     """/ui/ pages first, then /v1: the dashboard calls the API router in-process."""
     router = api_router(agent, agent.feeds.hub, agent.metrics.render)
-    return UiRouter(agent, agent.feeds.hub, router)
+    return UiRouter(agent.ctx.name, agent.ctx.clock, agent.cluster.node.subscribe, router)
 
 
 def build(layout: cfgmod.Layout, cfg: cfgmod.NodeConfig) -> Agent:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlError
 from kovanex.agent.promotions import PromotionRefused
 from kovanex.agent.scheduling import TaskLocks
-from kovanex.api.events import EventHub
+from kovanex.api import spec
+from kovanex.api.events import TOPICS, EventHub
 from kovanex.api.router import ApiRouter
 from kovanex.api.service import api_router
 from kovanex.core import task as taskcore
@@ -99,9 +101,13 @@ class Cluster:
 class Repos:
     """RepoIndex's read surface over in-memory ledgers."""
 
-    def __init__(self, names: list[str], me: str) -> None:
+    def __init__(self, names: list[str], me: str, root: Path) -> None:
         self.ledgers = {n: TaskLedger(MemoryStore(), node=me) for n in names}
         self.broken: dict[str, str] = {}
+        self.root = root  # where a test makes a real bare repo for ListRepos
+
+    def path(self, repo: str) -> Path:
+        return self.root / f"{repo}.git"
 
     def all(self) -> list[str]:
         return sorted(self.ledgers)
@@ -226,11 +232,11 @@ def make_node(tmp: Path, repos: tuple[str, ...] = ("app",), **kw: Any) -> Node:
     ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), SECRET)
     book = TokenBook(tmp / "tokens.json")
     others = kw.pop("others", {"n2": ("alive", "http://127.0.0.1:9")})
-    return Node(ctx, book, Repos(list(repos), "n1"), Cluster("n1", others), **kw)
+    return Node(ctx, book, Repos(list(repos), "n1", tmp), Cluster("n1", others), **kw)
 
 
-def router(node: Node) -> ApiRouter:
-    return api_router(node, EventHub(), lambda: None)  # type: ignore[arg-type]
+def router(node: Node, hub: EventHub | None = None) -> ApiRouter:
+    return api_router(node, hub or EventHub(), lambda: None)  # type: ignore[arg-type]
 
 
 def call(
@@ -371,3 +377,66 @@ def test_a_promotion_refusal_keeps_its_code_and_names_its_field(
     node = make_node(tmp_path, promotions=Promotions(PromotionRefused("no such", code)))
     st, doc = call(router(node), "GET", "/v1/environments?repo=app")
     assert (st, doc["code"], doc["field"]) == (status, code, field_)
+
+
+# -- browse.py ---------------------------------------------------------------------------
+
+
+def test_a_task_timeline_is_its_branch_newest_first(tmp_path: Path) -> None:
+    node = make_node(tmp_path)
+    queued(node.repos.ledger("app"), "t1")
+    r = router(node)
+    st, doc = call(r, "GET", "/v1/tasks/app/t1/timeline")
+    assert st == 200
+    assert [(c["state"], c["subject"]) for c in doc["commits"]][-1] == (None, "t")
+    assert doc["commits"][0]["state"] == taskcore.QUEUED and doc["commits"][0]["epoch"] == 0
+    st, doc = call(r, "GET", "/v1/tasks/app/t1/steps/1/log")  # steps count from 1
+    assert (st, doc.get("found")) == (200, False), doc  # not run: nothing committed
+    st, doc = call(r, "GET", "/v1/tasks/app/t1/steps/7/log")
+    assert (st, doc["field"]) == (404, "path.index")
+
+
+def test_repos_list_their_release_branches_within_the_token_scope(tmp_path: Path) -> None:
+    node = make_node(tmp_path, repos=("app", "secret"))
+    for repo in ("app", "secret"):
+        git = ["git", "-C", str(node.repos.path(repo))]
+        subprocess.run(["git", "init", "-q", "--bare", str(node.repos.path(repo))], check=True)
+        blob = subprocess.run([*git, "hash-object", "-w", "--stdin"], input=b"x",
+                              capture_output=True, check=True).stdout.decode().strip()  # fmt: skip
+        tree = subprocess.run([*git, "mktree"], input=f"100644 blob {blob}\tf\n".encode(),
+                              capture_output=True, check=True).stdout.decode().strip()  # fmt: skip
+        env = {"GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "A",
+               "GIT_COMMITTER_EMAIL": "a@x", "PATH": "/usr/bin:/bin"}  # fmt: skip
+        c = subprocess.run([*git, "commit-tree", tree, "-m", f"release of {repo}"], env=env,
+                           capture_output=True, check=True).stdout.decode().strip()  # fmt: skip
+        subprocess.run([*git, "update-ref", "refs/heads/env/prod", c], check=True)
+        subprocess.run([*git, "update-ref", "refs/heads/main", c], check=True)
+    r = router(node)
+    st, doc = call(r, "GET", "/v1/repos")
+    assert st == 200 and [x["name"] for x in doc["repos"]] == ["app", "secret"]
+    assert [(b["ref"], b["subject"]) for b in doc["repos"][0]["releases"]] == [
+        ("env/prod", "release of app")
+    ]
+    _, token = node.book.create("viewer", "read", "app", None)
+    st, doc = call(r, "GET", "/v1/repos", token=token)
+    assert [x["name"] for x in doc["repos"]] == ["app"]
+
+
+def test_recent_events_of_a_topic_within_the_token_scope(tmp_path: Path) -> None:
+    node = make_node(tmp_path)
+    hub = EventHub()
+    hub.publish("promotion", {"repo": "app", "id": "prod/v1", "event": "opened"})
+    hub.publish("promotion", {"repo": "secret", "id": "prod/v9", "event": "opened"})
+    hub.publish("task", {"repo": "app", "task": "t1", "state": "queued"})
+    r = router(node, hub)
+    st, doc = call(r, "GET", "/v1/events/recent?topic=promotion")
+    assert st == 200 and [e["payload"]["id"] for e in doc["events"]] == ["prod/v1", "prod/v9"]
+    _, token = node.book.create("viewer", "read", "app", None)
+    st, doc = call(r, "GET", "/v1/events/recent?topic=promotion&limit=5", token=token)
+    assert [e["payload"]["id"] for e in doc["events"]] == ["prod/v1"]
+    st, doc = call(r, "GET", "/v1/events/recent?topic=nope")
+    assert (st, doc["field"]) == (400, "query.topic")
+
+
+def test_the_operation_table_names_the_feeds_topics() -> None:
+    assert spec.EVENT_TOPICS == TOPICS

@@ -115,6 +115,30 @@ def agent_imports(pkg: Path) -> list[str]:
     return sorted(set(bad))
 
 
+# The dashboard reads only through /v1 (the router, in process, with the session's token):
+# none of the agent's services, git stores or runner files, nor the API's insides.
+UI_MAY_NOT = ("kovanex.agent", "kovanex.gitstate", "kovanex.runner", "kovanex.api")
+UI_MAY = ("kovanex.api.router",)
+
+
+def ui_reaches(pkg: Path) -> list[str]:
+    """Every import of a dashboard module that goes around the /v1 router."""
+    root = pkg.name
+    ui = f"{root}.ui"
+    bad = []
+    for imp in imports(pkg):
+        if not (imp.module == ui or imp.module.startswith(ui + ".")):
+            continue
+        t = imp.target
+        if any(t == m.replace("kovanex", root, 1) for m in UI_MAY):
+            continue
+        for b in UI_MAY_NOT:
+            b = b.replace("kovanex", root, 1)
+            if t == b or t.startswith(b + "."):
+                bad.append(f"{imp.module}:{imp.line} imports {t}")
+    return sorted(bad)
+
+
 def _show(found: list[list[str]]) -> str:
     return "import circles:\n" + "\n".join("  " + " -> ".join(c) for c in found)
 
@@ -126,6 +150,10 @@ def test_no_import_circle() -> None:
 
 def test_api_and_ui_import_no_agent() -> None:
     assert agent_imports(PKG) == []
+
+
+def test_the_dashboard_reads_only_through_the_api() -> None:
+    assert ui_reaches(PKG) == []
 
 
 # --- the checks catch what they must (on a temp copy with planted modules) -------------
@@ -168,4 +196,16 @@ def test_a_planted_agent_import_in_the_api_and_the_ui_is_found(tree: Path) -> No
         "kovanex.api.plant:3 imports Agent",
         "kovanex.api.plant:3 imports kovanex.agent.daemon",
         "kovanex.ui.plant:2 imports kovanex.agent.daemon",
+    ]
+
+
+def test_a_planted_read_around_the_api_in_the_ui_is_found(tree: Path) -> None:
+    (tree / "ui" / "plant.py").write_text(
+        "from kovanex.api.router import ApiRouter\n"
+        "from kovanex.gitstate import gitcli\n"
+        "def f():\n    from ..api import events\n"
+    )
+    assert ui_reaches(tree) == [
+        "kovanex.ui.plant:2 imports kovanex.gitstate.gitcli",
+        "kovanex.ui.plant:4 imports kovanex.api.events",
     ]

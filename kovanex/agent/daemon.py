@@ -51,8 +51,10 @@ from kovanex.agent.watcher import RefWatcher
 from kovanex.api.feeds import ApiFeeds
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
+from kovanex.core.task import TaskView
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer, Router
+from kovanex.net.gossip import MemberInfo
 from kovanex.paths import install_hooks
 from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
@@ -276,7 +278,7 @@ class Agent:
         self.scheduler.after_write(repo, task_id)
         self.dispatcher.changed("", "")  # a placement pass
 
-    def _on_member_event(self, topic: str, member: Any) -> None:
+    def _on_member_event(self, topic: str, member: MemberInfo) -> None:
         self.failover.on_member_event(topic, member)
 
     def _announce(self, a: Assign) -> None:
@@ -293,7 +295,7 @@ class Agent:
             },
         )
 
-    def _retract(self, repo: str, view: Any) -> None:
+    def _retract(self, repo: str, view: TaskView) -> None:
         """A task's lease is over (final, or queued again): tombstone its `assign` key, so
         its runner learns of a cancel at once and finished tasks leave no keys behind."""
         key = f"{repo}/{view.task_id}"

@@ -30,6 +30,7 @@ from kovanex.gitstate.store import CasConflict, StaleEpoch
 
 if TYPE_CHECKING:
     from kovanex.agent.services import NodeServices
+    from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.leader")
 TOPIC = "consistent"
@@ -50,7 +51,7 @@ class LeaderWork:
         self.requeued: Callable[[str, str], None] = lambda repo, task: None  # wired
 
     @property
-    def gossip(self) -> Any:
+    def gossip(self) -> GossipNode:
         return self.a.cluster.node
 
     def term(self) -> int:

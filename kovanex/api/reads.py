@@ -23,6 +23,7 @@ from kovanex.taskview import describe, task_row
 if TYPE_CHECKING:
     from kovanex.api.events import EventHub
     from kovanex.api.ports import ApiServices
+    from kovanex.gitstate.ledger import TaskLedger
 
 GOSSIP_TOPICS = ("health", "repos", "assign", "refs", "consistent", "grant", "resched")
 
@@ -49,7 +50,7 @@ def node(agent: ApiServices, name: str) -> dict[str, Any]:
     raise ApiError(404, f"no member named {name!r}; see ListNodes", "path.name")
 
 
-def ledger_of(agent: ApiServices, repo: str, task_id: str) -> Any:
+def ledger_of(agent: ApiServices, repo: str, task_id: str) -> TaskLedger:
     """The ledger holding task_id, or a 404 that says what is missing."""
     if repo not in agent.repos.all():
         raise ApiError(404, f"no repo {repo!r} on {agent.ctx.name}", "path.repo")
@@ -104,7 +105,7 @@ def unit_rows(agent: ApiServices) -> list[dict[str, Any]]:
     ]
 
 
-def unit(agent: ApiServices, index: int) -> Any:
+def unit(agent: ApiServices, index: int) -> unitsmod.Unit:
     for u in agent.runs.units:
         if u.index == index:
             return u

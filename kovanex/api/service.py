@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kovanex.api import agentself, logs, promotions, reads, writes
+from kovanex.api import agentself, browse, logs, promotions, reads, writes
 from kovanex.api.events import EventHub
 from kovanex.api.forward import Forwarder
 from kovanex.api.ports import ApiServices
@@ -32,6 +32,7 @@ def api_router(services: ApiServices, hub: EventHub, metrics: Metrics) -> ApiRou
             **promotions.handlers(s),
             **logs.handlers(s),
             **agentself.handlers(s),
+            **browse.handlers(s, hub),
         },
         forward=Forwarder(s),
         metrics=metrics,

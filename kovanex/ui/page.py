@@ -17,8 +17,6 @@ from kovanex.net.http11 import HttpRequest
 from kovanex.net.httpauth import Principal
 
 if TYPE_CHECKING:
-    from kovanex.api.events import EventHub
-    from kovanex.api.ports import ApiServices
     from kovanex.api.router import ApiRouter
     from kovanex.ui.healthring import HealthRing
 
@@ -88,24 +86,19 @@ class Api:
 
 
 class Page:
-    """One request with a valid session: the node's services, the API as this user, the
-    CSRF token."""
+    """One request with a valid session: this node's name, the API as this user (every
+    page reads through it), the CSRF token."""
 
     def __init__(
-        self, services: ApiServices, hub: EventHub, api: Api, who: Principal, csrf: str,
-        req: HttpRequest, ring: HealthRing | None = None,
+        self, node: str, api: Api, who: Principal, csrf: str, req: HttpRequest,
+        ring: HealthRing | None = None,
     ) -> None:  # fmt: skip
-        self.a = services
-        self.hub = hub
+        self.node = node
         self.ring = ring
         self.api = api
         self.who = who
         self.csrf = csrf
         self.req = req
-
-    @property
-    def node(self) -> str:
-        return self.a.ctx.name
 
     def layout(self, title: str, body: str, active: str = "") -> str:
         on = {

@@ -21,7 +21,7 @@ import re
 from collections.abc import Awaitable, Callable
 from http.cookies import CookieError, SimpleCookie
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from kovanex.api.router import SESSION_COOKIE, ApiRouter
@@ -33,8 +33,7 @@ from kovanex.ui.healthring import HealthRing
 from kovanex.ui.page import Api, Page, UiError, confirm_form, esc, flash, template
 
 if TYPE_CHECKING:
-    from kovanex.api.events import EventHub
-    from kovanex.api.ports import ApiServices
+    from kovanex.clock import Clock
 
 log = logging.getLogger("kovanex.ui")
 HTML = "text/html; charset=utf-8"
@@ -45,6 +44,7 @@ FAVICON = "/favicon.ico"  # browsers ask for it on every page; public, like the 
 STATIC_CACHE = "public, max-age=31536000, immutable"
 MAX_FORM = 64 * 1024
 
+HealthFeed = Callable[[str, Callable[[str, Any], None]], Any]
 Action = Callable[[Page, re.Match[str], dict[str, str]], Awaitable[str]]
 View = Callable[[Page, re.Match[str], dict[str, str]], Awaitable[HttpResponse]]
 
@@ -58,14 +58,15 @@ def _static() -> dict[str, bytes]:
 class UiRouter:
     """Claims /ui (pages, actions, static files); everything else goes to the API router."""
 
-    def __init__(self, services: ApiServices, hub: EventHub, api: ApiRouter) -> None:
-        agent = self.a = services
-        self.hub = hub
+    def __init__(self, node: str, clock: Clock, health_feed: HealthFeed, api: ApiRouter) -> None:
+        """`node`: this node's name; `health_feed(topic, callback)`: the gossip
+        subscription the health ring keeps other nodes' samples from (Cluster.node)."""
+        self.node = node
         self.api = api
         self.body_bytes = api.body_bytes  # a form or an API body: limits.api_body_bytes
         self.static = _static()
-        self.ring = HealthRing(agent.ctx.clock)  # other nodes' gossiped health, kept from now
-        agent.cluster.node.subscribe("health", self.ring.on_item)
+        self.ring = HealthRing(clock)  # other nodes' gossiped health, kept from now
+        health_feed("health", self.ring.on_item)
         self.views: list[tuple[re.Pattern[str], View]] = [
             (re.compile(p), v) for p, v in views.VIEWS
         ]
@@ -124,7 +125,7 @@ class UiRouter:
             # a redirect, not a 401 page: the browser logs every 401 document as an error
             return _redirect("/ui/login?" + urlencode({"next": req.target}))
         token, who = session
-        page = Page(self.a, self.hub, Api(self.api, token), who, self.csrf(token), req, self.ring)
+        page = Page(self.node, Api(self.api, token), who, self.csrf(token), req, self.ring)
         if req.method == "POST":
             form = _form(req)
             if not hmac.compare_digest(form.get("csrf", "").encode(), page.csrf.encode()):
@@ -179,7 +180,7 @@ class UiRouter:
     def _login_page(self, status: int, error: str, nxt: str) -> HttpResponse:
         nxt = nxt if nxt.startswith("/ui/") else "/ui/"
         body = template("login.html").substitute(
-            node=esc(self.a.ctx.name), error=esc(error), next=esc(nxt)
+            node=esc(self.node), error=esc(error), next=esc(nxt)
         )
         return _html(status, body)
 
