@@ -24,6 +24,7 @@ import pytest
 from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlError
+from kovanex.agent.placement import Placer
 from kovanex.agent.promotions import PromotionRefused
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.api import spec
@@ -144,11 +145,6 @@ class Dispatcher:
         self.changed_keys.append((repo, task_id))
 
 
-class Placer:
-    def excluded(self, repo: str, task_id: str) -> frozenset[str]:
-        return frozenset()
-
-
 class Coord:
     def __init__(self, backend: str = "gossip", leader: str | None = None) -> None:
         self.backend = backend
@@ -216,7 +212,7 @@ class Node:
     locks: TaskLocks = field(default_factory=TaskLocks)
     scheduler: Scheduler = field(default_factory=Scheduler)
     dispatcher: Dispatcher = field(default_factory=Dispatcher)
-    placer: Placer = field(default_factory=Placer)
+    placer: Placer | None = None  # the real one over `repos` (make_node)
     coord: Coord = field(default_factory=Coord)
     replicas: Replicas = field(default_factory=lambda: Replicas({}))
     promotions: Any = None
@@ -232,7 +228,10 @@ def make_node(tmp: Path, repos: tuple[str, ...] = ("app",), **kw: Any) -> Node:
     ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), SECRET)
     book = TokenBook(tmp / "tokens.json")
     others = kw.pop("others", {"n2": ("alive", "http://127.0.0.1:9")})
-    return Node(ctx, book, Repos(list(repos), "n1", tmp), Cluster("n1", others), **kw)
+    index = Repos(list(repos), "n1", tmp)
+    node = Node(ctx, book, index, Cluster("n1", others), **kw)
+    node.placer = Placer(lambda: [], index.ledger, lambda: "best-fit")  # type: ignore[arg-type]
+    return node
 
 
 def router(node: Node, hub: EventHub | None = None) -> ApiRouter:
@@ -297,6 +296,11 @@ def test_cancel_appends_a_transition_and_tells_the_scheduler(tmp_path: Path) -> 
     assert ("app", "t1") in node.dispatcher.changed_keys
     st, doc = call(r, "POST", "/v1/tasks/app/t1/cancel", {})
     assert (st, doc["code"]) == (409, "illegal_transition")
+    # an id the path pattern lets through but git refuses (a trailing dot): a 404 naming
+    # the task, before the exclusions are read from its ref (the fuzzer's 500, issue 25)
+    for verb in ("retry", "reschedule", "cancel"):
+        st, doc = call(r, "POST", f"/v1/tasks/app/t1./{verb}", {})
+        assert (st, doc["field"]) == (404, "path.task"), verb
 
 
 def test_cordon_and_gossip_write_to_the_cluster(tmp_path: Path) -> None:

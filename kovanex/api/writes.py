@@ -154,6 +154,7 @@ def handlers(agent: ApiServices, hub: EventHub) -> dict[str, Handler]:
 
     def task_op(decide: Callable[[Call], Callable[[taskcore.TaskView], Any]]) -> Handler:
         async def run(c: Call) -> Any:
+            reads.ledger_of(a, c.params["repo"], c.params["task"])  # a 404 before deciding
             return await transition(a, c.params["repo"], c.params["task"], decide(c))
 
         return run
