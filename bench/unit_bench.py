@@ -76,7 +76,7 @@ async def main(runs: int) -> None:
             for name, (cwd, lim, u) in variants.items():
                 samples[name].append(await _once(cwd, base / f"{name}.log", lim, u))
     finally:
-        unitsmod.remove(units, delete_users=True)
+        taskdirs.remove_units(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = []
     for name, anchor in (("unit", "agent"), ("unit + mem", "agent + mem")):

@@ -88,7 +88,9 @@ async def main(tasks: int) -> None:
             samples["total"].append(sum(one.values()))
         cpu = (_cpu() - cpu0) / tasks * 1000
     finally:
-        unitsmod.remove(units, delete_users=True)
+        # remove_units moved to taskdirs (issue 25); older code has units.remove
+        remove = getattr(taskdirs, "remove_units", None) or unitsmod.remove
+        remove(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = [[p, f"{pct(s, 50):.2f}", f"{pct(s, 95):.2f}"] for p, s in samples.items()]
     per_task = "per-task dirs" if taskdirs else "clone reuse"

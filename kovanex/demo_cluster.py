@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from kovanex.demo import kx, run, say, wait_task
+from kovanex.demokit import kx, run, say, wait_task
 
 ROUTED = """
 description = "routed by capability: only a node with the sast module can run it"

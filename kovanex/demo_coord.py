@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from kovanex.demo import kx, say
+from kovanex.demokit import kx, say
 
 
 def agreed(nodes: list[Path]) -> tuple[str, int] | None:

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from kovanex.demo import kx, run, say
+from kovanex.demokit import kx, run, say
 from kovanex.testing import dev_staging_prod
 
 ENVIRONMENTS = dev_staging_prod("grep -q ok app.txt", "test -s app.txt", dev_gated=False)

@@ -97,6 +97,7 @@ def test_a_kill_freezes_the_unit_before_it_signals(tmp_path: Path, monkeypatch) 
     if limitsmod.detect() != limitsmod.CGROUP_V1:
         pytest.skip("the freezer path is cgroup v1's; v2 uses cgroup.kill")
     from kovanex import config as cfgmod
+    from kovanex.runner import taskdirs
     from kovanex.runner import units as unitsmod
 
     layout = cfgmod.Layout(tmp_path / "n")
@@ -130,7 +131,7 @@ def test_a_kill_freezes_the_unit_before_it_signals(tmp_path: Path, monkeypatch) 
             assert p.wait(10) == -signal.SIGKILL
         assert (dirs["freezer"] / "freezer.state").read_text().strip() == "THAWED"
     finally:
-        unitsmod.remove([unit], delete_users=True)
+        taskdirs.remove_units([unit], delete_users=True)
 
 
 def test_a_300_mb_snapshot_fails_the_task_and_writes_nothing(node: Node, tmp_path: Path) -> None:

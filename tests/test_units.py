@@ -37,7 +37,7 @@ def units():
     root = units_root()
     made = unitsmod.units_for(node, 2, mode=unitsmod.USERS, root=str(root), create=True)
     yield made
-    unitsmod.remove(made, delete_users=True)
+    taskdirs.remove_units(made, delete_users=True)
 
 
 @needs_root
@@ -314,7 +314,7 @@ def test_bare_uid_units_need_no_passwd_entry(tmp_path: Path) -> None:
         assert log.read_text().split()[0] == "62917"
         assert os.stat(work / "mine").st_uid == 62917
     finally:
-        unitsmod.remove(made, delete_users=False)
+        taskdirs.remove_units(made, delete_users=False)
 
 
 def test_each_held_slot_gets_its_own_unit_and_gives_it_back() -> None:

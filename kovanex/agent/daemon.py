@@ -48,20 +48,20 @@ from kovanex.agent.stopping import RUNS_TIMEOUT_S, STEP_TIMEOUT_S, StopWatch, bo
 from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
-from kovanex.api.service import ApiService
+from kovanex.api.feeds import ApiFeeds
 from kovanex.clock import settled
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
+from kovanex.core.task import TaskView
 from kovanex.gitstate import gitcli
-from kovanex.net.githttp import GitHttpServer
+from kovanex.net.githttp import GitHttpServer, Router
+from kovanex.net.gossip import MemberInfo
 from kovanex.paths import install_hooks
 from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
 from kovanex.tokens import TokenBook
-from kovanex.ui.routes import UiRouter
 
 log = logging.getLogger("kovanex.agent")
-GIT_CACHE_BYTES = 16 * 2**20
 
 
 def prepare_repo(path: Path, data_dir: Path, pack_bytes: int) -> None:
@@ -70,10 +70,18 @@ def prepare_repo(path: Path, data_dir: Path, pack_bytes: int) -> None:
     gitcli.ensure_repo_config(path, pack_bytes)
 
 
-class Agent:
-    """Builds the services and connects them; `run` starts and stops them in order."""
+Front = Callable[["Agent"], Router]
 
-    def __init__(self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig) -> None:
+
+class Agent:
+    """Builds the services and connects them; `run` starts and stops them in order.
+
+    `front` builds what serves /v1 and /ui/ on the HTTP listener over the finished
+    services (kovanex/node.py: the API and the dashboard sit above the agent, issue 25)."""
+
+    def __init__(
+        self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, front: Front | None = None
+    ) -> None:
         ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout))
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
@@ -162,8 +170,6 @@ class Agent:
         )
         self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
-        self.api = ApiService(self)  # the /v1 ClusterService (kovanex/api)
-        self.http.router = UiRouter(self, self.api.router)  # /ui/ pages, then /v1
         self.scaling = ScalingService(
             ctx,
             pending=lambda: len(self.scheduler.pending),
@@ -171,6 +177,8 @@ class Agent:
             local_free=lambda: self.runs.slots.free,
             health=lambda: self.cluster.node.items("health"),
         )
+        # the API's event feeds (kovanex/api/feeds.py); its router is built by `front`
+        self.feeds = ApiFeeds(self.repos.ledger, self.repos.all(), self.scaling.decision)
         self.metrics = Metrics(
             ctx,
             self.cluster,
@@ -184,11 +192,13 @@ class Agent:
         self.hooks = HookServer(
             layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook), clock=ctx.clock
         )
-        self.api.hub.subscribe(self.metrics.events.on_event)
+        self.feeds.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
         self.upkeep = UpkeepService(ctx, self.repos, self._archived, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
         self.leader = LeaderWork(self)  # the leader's grants and reschedules (ADR 0036)
+        if front is not None:  # /ui/ pages, then /v1
+            self.http.router = front(self)
 
         # -- who tells whom -------------------------------------------------------------
         self.runs.on_tip = self.scheduler.saw_tip
@@ -211,8 +221,8 @@ class Agent:
         self.failover.requeued = self._requeued
         self.failover.changed = lambda: self.dispatcher.changed("", "")
         self.failover.record = self.cluster.record
-        self.cluster.on_record = self.api.recorded
-        self.promotions.on_change = self.api.promoted
+        self.cluster.on_record = self.feeds.recorded
+        self.promotions.on_change = self.feeds.promoted
         self.scheduler.grant = self.consistent.grant
         self.consistent.kick = lambda: self.dispatcher.changed("", "")
         if isinstance(self.coord, coordination.NatsCoordination):
@@ -263,22 +273,22 @@ class Agent:
         self.dispatcher.changed(repo)
         for r, task_id in sorted(self.scheduler.active):
             if r == repo:
-                self.api.ref_moved(repo, task_id)
+                self.feeds.ref_moved(repo, task_id)
 
     def _ref_moved(self, repo: str, task_id: str | None = None) -> None:
         self.dispatcher.ref_moved(repo, task_id)
-        self.api.ref_moved(repo, task_id)
+        self.feeds.ref_moved(repo, task_id)
         self.promotions.kick(repo)  # a gate task may have finished
 
     def _archived(self, key: tuple[str, str]) -> None:
         self.scheduler.forget(key)
-        self.api.tasks.forget(key)
+        self.feeds.tasks.forget(key)
 
     def _requeued(self, repo: str, task_id: str) -> None:
         self.scheduler.after_write(repo, task_id)
         self.dispatcher.changed("", "")  # a placement pass
 
-    def _on_member_event(self, topic: str, member: Any) -> None:
+    def _on_member_event(self, topic: str, member: MemberInfo) -> None:
         self.failover.on_member_event(topic, member)
 
     def _announce(self, a: Assign) -> None:
@@ -295,7 +305,7 @@ class Agent:
             },
         )
 
-    def _retract(self, repo: str, view: Any) -> None:
+    def _retract(self, repo: str, view: TaskView) -> None:
         """A task's lease is over (final, or queued again): tombstone its `assign` key, so
         its runner learns of a cancel at once and finished tasks leave no keys behind."""
         key = f"{repo}/{view.task_id}"
@@ -394,7 +404,7 @@ class Agent:
         await self.cluster.start()
         self.hooks.bind()  # its port, served later, is closed to units with the rest
         await self._enforce_network()  # before any step can run
-        self.api.start()  # its scale poller reads gossip: only once gossip has started
+        self.feeds.start()  # its scale poller reads gossip: only once gossip has started
         await self.coord.start()  # never waits for a quorum: status answers before one
         self.token_sync.start()
         self.remote.start()
@@ -445,18 +455,6 @@ class Agent:
         await bounded(watch, "coordination", self.coord.stop(), t)
         await bounded(watch, "gossip", self.cluster.stop(graceful=self.ctx.leaving), t)
         await bounded(watch, "http", self.http.close(), t)
-        await bounded(watch, "api", self.api.stop(), t)
+        await bounded(watch, "api", self.feeds.stop(), t)
         await bounded(watch, "control", self.control.close(), t)
         self.ctx.layout.pid_file.unlink(missing_ok=True)
-
-
-def run_agent(layout: cfgmod.Layout, on_ready: Callable[[], None] | None = None) -> None:
-    cfg = cfgmod.load(layout)
-    import pygit2
-    import uvloop
-
-    # libgit2 keeps up to 256 MiB of parsed objects by default; the agent re-reads tips,
-    # not whole histories, so a small cache keeps RSS flat as history grows (ADR 0030)
-    pygit2.settings.cache_max_size(GIT_CACHE_BYTES)
-
-    uvloop.run(Agent(layout, cfg).run(on_ready))

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -28,7 +28,24 @@ from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step, step_env
 
 if TYPE_CHECKING:
-    from kovanex.agent.runs import RunTable
+    from kovanex.agent.context import NodeContext
+    from kovanex.runner import RunnerSlots
+    from kovanex.runner.units import Unit
+
+
+class RunHost(Protocol):
+    """What a run needs of the table that holds it (agent/runs.py's RunTable): a
+    Protocol, so this module does not import runs.py, which imports it (issue 25)."""
+
+    ctx: NodeContext
+    units: list[Unit]
+    slots: RunnerSlots
+    isolation: str
+
+    def finished(self, run: TaskRun) -> None: ...
+
+    def on_tip(self, repo: str, task_id: str, tip: str) -> None: ...
+
 
 log = logging.getLogger("kovanex.executor")
 
@@ -43,7 +60,7 @@ class TaskRun:
     so they run in a thread."""
 
     def __init__(
-        self, table: RunTable, lease: Lease, ledger: Any, repo_path: Path, remote: Any = None
+        self, table: RunHost, lease: Lease, ledger: Any, repo_path: Path, remote: Any = None
     ) -> None:
         self.table = table
         self.ctx = table.ctx

@@ -30,7 +30,8 @@ from kovanex.core.replication import Ownership
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.agent.services import NodeServices
+    from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.leader")
 TOPIC = "consistent"
@@ -39,7 +40,7 @@ REISSUE_TTLS = 4  # a decision nobody carried out is issued again after this man
 
 
 class LeaderWork:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: NodeServices) -> None:
         self.a = agent
         self.on = agent.coord.backend == "nats"
         self.ttl_s = agent.ctx.cfg.coordination.lease_ttl_s
@@ -51,7 +52,7 @@ class LeaderWork:
         self.requeued: Callable[[str, str], None] = lambda repo, task: None  # wired
 
     @property
-    def gossip(self) -> Any:
+    def gossip(self) -> GossipNode:
         return self.a.cluster.node
 
     def term(self) -> int:

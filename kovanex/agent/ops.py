@@ -17,11 +17,11 @@ from kovanex.agent.scaling import ApplyError
 from kovanex.net.httpauth import NODE, Principal, authenticate
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.agent.services import NodeServices
 
 
 class ControlOps:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: NodeServices) -> None:
         self.a = agent
 
     async def on_control(self, op: str, args: dict[str, Any]) -> Any:

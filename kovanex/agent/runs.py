@@ -12,7 +12,7 @@ from typing import Any
 from kovanex.agent.context import NodeContext
 from kovanex.agent.executor import TaskRun
 from kovanex.gitstate.ledger import Lease
-from kovanex.runner import RunnerSlots, units
+from kovanex.runner import RunnerSlots, taskdirs, units
 
 log = logging.getLogger("kovanex.agent")
 Key = tuple[str, str]
@@ -24,6 +24,8 @@ class RunTable:
         cfg = ctx.cfg
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
         self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
+        for u in self.units:  # no clone, HOME or tmp of an earlier task survives a restart
+            taskdirs.clear_unit(u)
         self.runs: dict[Key, TaskRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()

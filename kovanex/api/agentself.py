@@ -14,10 +14,10 @@ from kovanex.api.reads import control
 from kovanex.api.router import ApiError, Call, Handler
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.ports import ApiServices
 
 
-def handlers(agent: Agent) -> dict[str, Handler]:
+def handlers(agent: ApiServices) -> dict[str, Handler]:
     a = agent
 
     async def self_h(c: Call) -> Any:

@@ -26,7 +26,7 @@ from kovanex.core.grants import admit
 from kovanex.net.http11 import HttpResponse
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.ports import ApiServices
 
 FORWARD_TIMEOUT_S = 30.0
 NODE_OPS = ("DrainNode", "CordonNode")
@@ -46,7 +46,7 @@ NO_QUORUM = (
 )
 
 
-def leader_decides(a: Agent, call: Call) -> bool:
+def leader_decides(a: ApiServices, call: Call) -> bool:
     if a.coord.backend != "nats":
         return False
     if call.op.op_id in LEADER_OPS:
@@ -57,7 +57,7 @@ def leader_decides(a: Agent, call: Call) -> bool:
     )
 
 
-def decider(a: Agent, call: Call) -> str | None:
+def decider(a: ApiServices, call: Call) -> str | None:
     """Who answers: for a write, the node that decides it; for a read of a repo this node
     holds no copy of, its owner. None: this node answers (or nobody else is known)."""
     if call.op.op_id in NODE_OPS:
@@ -71,7 +71,7 @@ def decider(a: Agent, call: Call) -> str | None:
     return None if owner is None else owner[0]
 
 
-def http_of(a: Agent, name: str) -> str:
+def http_of(a: ApiServices, name: str) -> str:
     for m in a.cluster.members():
         if m["name"] == name:
             if m["status"] != "alive":
@@ -85,7 +85,7 @@ def http_of(a: Agent, name: str) -> str:
 
 
 class Forwarder:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: ApiServices) -> None:
         self.a = agent
 
     async def __call__(self, call: Call) -> HttpResponse | None:

@@ -22,7 +22,7 @@ from kovanex.api.router import FORWARDED, ApiError, Call, Handler
 from kovanex.runner.logs import read_capped
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.ports import ApiServices
 
 LOG_CAP = 64 * 1024  # one answer: head and tail of a longer log, or this much from offset
 ASK_TIMEOUT_S = 5.0
@@ -53,7 +53,7 @@ def read_log(path: Path | None, offset: int | None) -> dict[str, Any]:
             "text": data.decode(errors="replace")}  # fmt: skip
 
 
-def handlers(agent: Agent) -> dict[str, Handler]:
+def handlers(agent: ApiServices) -> dict[str, Handler]:
     a = agent
 
     async def get_log(c: Call) -> Any:

@@ -17,7 +17,7 @@ from kovanex.api.router import ApiError, Call, Handler
 from kovanex.net.httpauth import NODE
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.ports import ApiServices
 
 # code -> (HTTP status, the fields it may be about, first one the operation has wins)
 REFUSALS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -57,7 +57,7 @@ def refused(call: Call, e: ControlError) -> ApiError:
     return ApiError(status, str(e), field_of(call, about), code=code)
 
 
-def handlers(agent: Agent) -> dict[str, Handler]:
+def handlers(agent: ApiServices) -> dict[str, Handler]:
     a = agent
 
     def resolve(c: Call, need: str) -> str:

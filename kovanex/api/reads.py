@@ -21,12 +21,14 @@ from kovanex.runner import units as unitsmod
 from kovanex.taskview import describe, task_row
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.events import EventHub
+    from kovanex.api.ports import ApiServices
+    from kovanex.gitstate.ledger import TaskLedger
 
 GOSSIP_TOPICS = ("health", "repos", "assign", "refs", "consistent", "grant", "resched")
 
 
-async def control(agent: Agent, op: str, **args: Any) -> Any:
+async def control(agent: ApiServices, op: str, **args: Any) -> Any:
     """An existing control-socket op, its refusal turned into a JSON 4xx."""
     try:
         return await agent.ops.on_control(op, args)
@@ -34,21 +36,21 @@ async def control(agent: Agent, op: str, **args: Any) -> Any:
         raise ApiError(409, str(e), code="refused") from e
 
 
-def members(agent: Agent) -> list[dict[str, Any]]:
+def members(agent: ApiServices) -> list[dict[str, Any]]:
     cordoned = {m.name for m in agent.cluster.node.members() if (m.meta or {}).get("cordon")} | (
         {agent.ctx.name} if agent.cluster.cordoned else set()
     )
     return [{**m, "cordoned": m["name"] in cordoned} for m in agent.cluster.members()]
 
 
-def node(agent: Agent, name: str) -> dict[str, Any]:
+def node(agent: ApiServices, name: str) -> dict[str, Any]:
     for m in members(agent):
         if m["name"] == name:
             return m
     raise ApiError(404, f"no member named {name!r}; see ListNodes", "path.name")
 
 
-def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
+def ledger_of(agent: ApiServices, repo: str, task_id: str) -> TaskLedger:
     """The ledger holding task_id, or a 404 that says what is missing."""
     if repo not in agent.repos.all():
         raise ApiError(404, f"no repo {repo!r} on {agent.ctx.name}", "path.repo")
@@ -58,7 +60,7 @@ def ledger_of(agent: Agent, repo: str, task_id: str) -> Any:
     return led
 
 
-def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
+def get_task(agent: ApiServices, repo: str, task_id: str) -> dict[str, Any]:
     led = ledger_of(agent, repo, task_id)
     d = describe(repo, led, task_id)
     d["reason"] = d.get("reason") or ""
@@ -66,7 +68,10 @@ def get_task(agent: Agent, repo: str, task_id: str) -> dict[str, Any]:
 
 
 def list_tasks(
-    agent: Agent, repo: str | None, state: str | None, seen: Callable[[str], bool] = lambda r: True
+    agent: ApiServices,
+    repo: str | None,
+    state: str | None,
+    seen: Callable[[str], bool] = lambda r: True,
 ) -> list[dict[str, Any]]:
     """Every task (of `repo`), in the repos the caller may read (`seen`)."""
     rows = []
@@ -84,7 +89,7 @@ def list_tasks(
     return rows
 
 
-def unit_rows(agent: Agent) -> list[dict[str, Any]]:
+def unit_rows(agent: ApiServices) -> list[dict[str, Any]]:
     busy = agent.runs.busy_units()
     return [
         {
@@ -100,18 +105,18 @@ def unit_rows(agent: Agent) -> list[dict[str, Any]]:
     ]
 
 
-def unit(agent: Agent, index: int) -> Any:
+def unit(agent: ApiServices, index: int) -> unitsmod.Unit:
     for u in agent.runs.units:
         if u.index == index:
             return u
     raise ApiError(404, f"no compute unit {index} on {agent.ctx.name}", "path.index")
 
 
-def handlers(agent: Agent) -> dict[str, Handler]:
+def handlers(agent: ApiServices, hub: EventHub) -> dict[str, Handler]:
     a = agent
 
     async def list_nodes(c: Call) -> Any:
-        return {"nodes": members(a), "index": a.api.hub.index}
+        return {"nodes": members(a), "index": hub.index}
 
     async def get_node(c: Call) -> Any:
         return node(a, c.params["name"])
@@ -152,7 +157,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
         rows = await asyncio.to_thread(
             list_tasks, a, q.get("repo"), q.get("state"), scoping.sees(c.who)
         )
-        return {"tasks": rows, "index": a.api.hub.index}
+        return {"tasks": rows, "index": hub.index}
 
     async def get_task_h(c: Call) -> Any:
         return await asyncio.to_thread(get_task, a, c.params["repo"], c.params["task"])

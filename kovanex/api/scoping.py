@@ -102,6 +102,8 @@ CUT: dict[str, Callable[[Any, Sees], Any]] = {
     "InspectUnit": _unit,
     "GetAgentSelf": _self,
     "ListClusterEvents": _events,
+    "ListRecentEvents": _events,
+    "ListRepos": lambda d, s: {**d, "repos": [r for r in d["repos"] if s(r["name"])]},
     "GetClusterStatus": _status,
 }
 

@@ -71,6 +71,10 @@ ADDR = {"type": "string", "pattern": r"^[A-Za-z0-9._:\[\]-]{1,253}:" + PORT + "$
 # one '=', the last char carrying 2 zero bits (so one key has one spelling)
 GOSSIP_KEY = {"type": "string", "pattern": r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"}
 
+# the change feed's topics (kovanex/api/events.py TOPICS; not imported: the client loads
+# this table and must not pull in the ledger)
+EVENT_TOPICS = ("task", "member", "cluster", "promotion", "scale")
+
 SCHEMAS: dict[str, Any] = {
     "Error": obj(
         {"code": S, "message": S, "field": NULLABLE_S}, ("code", "message", "field"), extra=False
@@ -260,6 +264,26 @@ OPS: tuple[Op, ...] = (
        "or head and tail", "tasks", query={"offset": I0},
        response=obj({"node": S, "found": B, "size": I0, "offset": I0, "length": I0, "text": S},
                     ("node", "found", "text"))),
+    # -- browsing a node (kovanex/api/browse.py): what the dashboard reads ---------------
+    Op("ListRepos", "GET", "/v1/repos", "read",
+       "The repos on this node, each with its env/ and promotion/ branches", "tasks",
+       response=obj({"node": S, "repos": arr(obj({"name": S, "releases": arr(obj(
+           {"ref": S, "oid": S, "subject": S}, ("ref", "oid", "subject")))},
+           ("name", "releases")))}, ("node", "repos"))),
+    Op("GetTaskTimeline", "GET", TASK + "/timeline", "read",
+       "Every commit of the task branch, newest first, with its transition's trailers",
+       "tasks", response=obj({"repo": S, "task": S, "commits": arr(ANY_OBJ)},
+                             ("repo", "task", "commits"))),
+    Op("GetCommittedStepLog", "GET", TASK + "/steps/{index}/log", "read",
+       "The capped log a finished step committed to the task branch", "tasks",
+       response=obj({"repo": S, "task": S, "index": I0, "found": B, "text": S},
+                    ("found", "text"))),
+    Op("ListRecentEvents", "GET", "/v1/events/recent", "read",
+       "The last events the change feed kept (of one topic), oldest first; /v1/events "
+       "streams them", "tasks",
+       query={"topic": {"type": "string", "enum": list(EVENT_TOPICS)},
+              "limit": {"type": "integer", "minimum": 1, "maximum": 100}},
+       response=obj({"events": arr(ANY_OBJ), "index": I0}, ("events", "index"))),
     # -- environments and promotions (the service is kovanex/agent/promotions.py) ------
     # `repo` may be left out where one repo on the node declares environments.
     Op("ListEnvironments", "GET", "/v1/environments", "read",

@@ -28,18 +28,20 @@ from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.gitstate.refs import task_ref, valid_task_id
 from kovanex.inputlimits import InputLimits
 from kovanex.pushcheck import queue_submission
+from kovanex.runner import taskdirs
 from kovanex.runner import units as unitsmod
 from kovanex.spec import SPEC_PATH
 from kovanex.tokens import TokenError, parse_duration
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.events import EventHub
+    from kovanex.api.ports import ApiServices
 
 GIT_TIMEOUT_S = 60.0
 
 
 async def transition(
-    a: Agent, repo: str, task_id: str, decide: Callable[[taskcore.TaskView], Any]
+    a: ApiServices, repo: str, task_id: str, decide: Callable[[taskcore.TaskView], Any]
 ) -> dict[str, Any]:
     """Decide and append one transition; retried on a lost compare-and-swap."""
     led = reads.ledger_of(a, repo, task_id)
@@ -96,7 +98,7 @@ def spec_errors(spec: str, limits: InputLimits) -> None:
         raise ApiError(400, f"{e.field}: {' '.join(e.reason.split())}", at, code="bad_spec")
 
 
-async def submit(a: Agent, body: dict[str, Any]) -> dict[str, Any]:
+async def submit(a: ApiServices, body: dict[str, Any]) -> dict[str, Any]:
     """The spec as one commit on `base` (default: the repo's HEAD), pushed as task/ID."""
     repo, task_id = body["repo"], body["id"]
     if repo not in a.repos.all():
@@ -142,16 +144,17 @@ async def _rev(git_dir: str, rev: str) -> str:
         return ""
 
 
-def cordon(a: Agent, enable: bool) -> None:
+def cordon(a: ApiServices, enable: bool) -> None:
     a.cluster.cordoned = enable
     a.cluster.refresh()
 
 
-def handlers(agent: Agent) -> dict[str, Handler]:
+def handlers(agent: ApiServices, hub: EventHub) -> dict[str, Handler]:
     a = agent
 
     def task_op(decide: Callable[[Call], Callable[[taskcore.TaskView], Any]]) -> Handler:
         async def run(c: Call) -> Any:
+            reads.ledger_of(a, c.params["repo"], c.params["task"])  # a 404 before deciding
             return await transition(a, c.params["repo"], c.params["task"], decide(c))
 
         return run
@@ -252,7 +255,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
             out = await svc.apply(c.body)
         except ApplyError as e:  # the executor's refusal names its field and status
             raise ApiError(e.status, str(e), f"body.{e.field}" if e.field else None) from e
-        a.api.hub.publish("scale", {"applied": True, "result": out})
+        hub.publish("scale", {"applied": True, "result": out})
         return out
 
     async def submit_h(c: Call) -> Any:
@@ -298,7 +301,7 @@ def handlers(agent: Agent) -> dict[str, Handler]:
             raise ApiError(409, "units are running steps; drain them first", code="busy")
         units = list(a.runs.units)
         await asyncio.to_thread(
-            unitsmod.remove, units, delete_users=bool(c.body.get("delete_users"))
+            taskdirs.remove_units, units, delete_users=bool(c.body.get("delete_users"))
         )
         return {"removed": len(units)}
 

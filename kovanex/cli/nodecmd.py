@@ -267,7 +267,7 @@ def cmd_agent(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
     from kovanex import logjson
 
     logjson.setup(cfg.name, args.log_level, args.log_format or cfg.log_format)
-    from kovanex.agent.daemon import run_agent
+    from kovanex.node import run_agent
 
     try:
         run_agent(layout)

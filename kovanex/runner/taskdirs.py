@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.runner import limits as limitsmod
-from kovanex.runner.units import Unit
+from kovanex.runner.units import Unit, reset
 
 _log = logging.getLogger("kovanex.units")
 _MOUNT = shutil.which("mount", path=limitsmod._SYS_PATH) or "/usr/bin/mount"
@@ -261,3 +261,22 @@ def _rmtree(path: Path) -> None:
             path.unlink()
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_units(units: list[Unit], *, delete_users: bool) -> None:
+    """Undo units.units_for(create=True), the task dirs first: for DeprovisionUnits, tests
+    and cleanup. Here, not in units.py: units.py sits below this module (no import circle)."""
+    for u in units:
+        reset(u)
+        close_task(u)
+        for _, d in u.cgroups:
+            for sub in sorted(d.glob("run-*"), reverse=True):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()
+        shutil.rmtree(u.path, ignore_errors=True)
+        if delete_users and u.user.startswith("kx-"):
+            subprocess.run(["userdel", u.user], capture_output=True)

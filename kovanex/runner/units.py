@@ -386,26 +386,6 @@ def reset(unit: Unit) -> int:
     return n
 
 
-def remove(units: list[Unit], *, delete_users: bool) -> None:
-    """Undo units_for(create=True): for tests and `kovanex units --remove` style cleanup."""
-    from kovanex.runner import taskdirs
-
-    for u in units:
-        reset(u)
-        taskdirs.close_task(u)
-        for _, d in u.cgroups:
-            for sub in sorted(d.glob("run-*"), reverse=True):
-                with contextlib.suppress(OSError):
-                    sub.rmdir()
-            with contextlib.suppress(OSError):
-                d.rmdir()
-            with contextlib.suppress(OSError):
-                d.parent.rmdir()
-        shutil.rmtree(u.path, ignore_errors=True)
-        if delete_users and u.user.startswith("kx-"):
-            subprocess.run(["userdel", u.user], capture_output=True)
-
-
 def unit_key(cfg: NodeConfig) -> str:
     """What the node's host-wide unit things (users, cgroups, paths, lock) are named by:
     the node name and its data dir's id, so a second cluster's `n1` on the same host
@@ -435,16 +415,14 @@ def setup_node(data: Path, cfg: NodeConfig) -> list[Unit]:
 
 def start(cfg: NodeConfig) -> tuple[list[Unit], str]:
     """At agent start: the node's units (made if missing, leftovers killed) and the
-    isolation line for status; says once, loudly, when steps are not isolated."""
+    isolation line for status; says once, loudly, when steps are not isolated. The
+    caller clears their dirs (taskdirs.clear_unit): taskdirs sits above this module."""
     units = node_units(cfg, create=True)
     if units:
         claim(unit_key(cfg))  # before reset(): never kill the steps of another live agent
-    from kovanex.runner import taskdirs
-
     for u in units:
         if n := reset(u):
             _log.info("unit %s: killed an orphaned step from before the restart (%d)", u.user, n)
-        taskdirs.clear_unit(u)  # no clone, HOME or tmp of an earlier task survives a restart
     if cfg.role not in ("full", "runner") or cfg.runner_slots == 0:
         return [], "no runner slots: this node runs no steps"
     if cfg.units_mode == NAMESPACE and namespace_works():

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kovanex.core.replication import MemberView, Ownership, choose_replicas, successor, takeover
 from kovanex.gitstate.ledger import TASK_PREFIX, TaskLedger, task_ref
 from kovanex.gitstate.reconcile import merge_base, reconcile_ref
-from kovanex.sim.world import LOST, SimStore
-
-if TYPE_CHECKING:
-    from kovanex.sim.agents import SimAgent
+from kovanex.sim.world import LOST, SimStore, World
 
 GONE = ("dead", "left")
 SYNC_TIMEOUT = 2.0  # a sync write waits this long for replicas (well inside a client's)
@@ -54,8 +51,20 @@ def own_of(v: dict[str, Any]) -> Ownership:
     return Ownership(v["owner"], v["epoch"], tuple(v["replicas"]), v["level"], v["wanted"])
 
 
+class Node(Protocol):
+    """What the repos need of their node (sim/agents.py's SimAgent): a Protocol, so this
+    module does not import agents.py, which imports it (issue 25)."""
+
+    w: World
+    name: str
+
+    def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None: ...
+
+    def kick(self, repo: str) -> None: ...
+
+
 class Repos:
-    def __init__(self, agent: SimAgent, disk: Disk) -> None:
+    def __init__(self, agent: Node, disk: Disk) -> None:
         self.a = agent
         self.w = agent.w
         self.me = agent.name

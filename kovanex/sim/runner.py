@@ -12,15 +12,25 @@ and the run resumes from its next unfinished step a little later (the executor's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kovanex import spec as specmod
 from kovanex.core import task as taskcore
+from kovanex.core.rng import Rng
 from kovanex.gitstate.ledger import NoSuchTask
 from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.sim.repos import Node, Repos
 
-if TYPE_CHECKING:
-    from kovanex.sim.agents import SimAgent
+
+class RunNode(Node, Protocol):
+    """What a run needs of its node and of an owner it writes to (sim/agents.py's
+    SimAgent), without importing agents.py, which imports this module."""
+
+    rng: Rng
+    repos: Repos
+
+    def run_ended(self, run: SimRun) -> None: ...
+
 
 RETRY = 2.0
 STEP_TIME = (0.5, 4.0)
@@ -28,7 +38,7 @@ STEP_TIME = (0.5, 4.0)
 
 class SimRun:
     def __init__(
-        self, agent: SimAgent, repo: str, task_id: str, epoch: int, issuer: tuple[str, int]
+        self, agent: RunNode, repo: str, task_id: str, epoch: int, issuer: tuple[str, int]
     ) -> None:
         self.a = agent
         self.w = agent.w
@@ -106,7 +116,7 @@ class SimRun:
         if self.active:
             self._call(self._read, self._on_view)
 
-    def _read(self, owner: SimAgent) -> tuple[taskcore.TaskView, bytes | None]:
+    def _read(self, owner: RunNode) -> tuple[taskcore.TaskView, bytes | None]:
         led = owner.repos.ledger(self.repo)
         return led.read(self.task_id), led.spec_bytes(self.task_id)
 
@@ -168,7 +178,7 @@ class SimRun:
 
     def _append(
         self,
-        owner: SimAgent,
+        owner: RunNode,
         view: taskcore.TaskView,
         trs: list[taskcore.Transition],
         files: dict[str, bytes] | None = None,

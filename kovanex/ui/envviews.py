@@ -55,13 +55,13 @@ def release_cell(repo: str, rel: dict[str, Any] | None) -> str:
     )
 
 
-async def promotions_part(page: Page) -> tuple[str, set[tuple[str, str]]]:
+async def promotions_part(page: Page, repos: list[str]) -> tuple[str, set[tuple[str, str]]]:
     """One row per environment and waiting promotion, for every repo here that has them;
     and the (repo, promotion id) pairs that wait for an approval now, the only ones an
     Approve button may show on."""
     rows: list[list[str]] = []
     approvable: set[tuple[str, str]] = set()
-    for repo in sorted(page.a.repos.all()):
+    for repo in repos:  # ListRepos: the repos on this node
         if not page.who.may("read", repo):
             continue
         try:

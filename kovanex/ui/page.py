@@ -7,6 +7,7 @@ every value put into HTML goes through `esc`, so a task id or a label cannot inj
 from __future__ import annotations
 
 import functools
+import json
 from html import escape
 from importlib import resources
 from string import Template
@@ -16,9 +17,8 @@ from kovanex.net.http11 import HttpRequest
 from kovanex.net.httpauth import Principal
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.api.router import ApiRouter
     from kovanex.ui.healthring import HealthRing
-    from kovanex.ui.routes import Api
 
 TOPICS = "task,member,cluster,promotion,scale"
 
@@ -67,23 +67,38 @@ def live(
     return f'<{tag}{i} hx-get="{esc(url)}" hx-trigger="{triggers}">{inner}</{tag}>'
 
 
+class Api:
+    """The /v1 router called in-process with a session's token: every page reads through it."""
+
+    def __init__(self, router: ApiRouter, token: str) -> None:
+        self.router = router
+        self.token = token
+
+    async def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        headers = {"authorization": f"Bearer {self.token}", "content-type": "application/json"}
+        raw = b"" if body is None else json.dumps(body).encode()
+        resp = await self.router.handle(HttpRequest(method, path, headers, body=raw))
+        data = resp.body if isinstance(resp.body, bytes) else b"".join([c async for c in resp.body])
+        doc = json.loads(data or b"{}")
+        if resp.status >= 400:
+            raise UiError(resp.status, str(doc.get("message", doc)))
+        return doc
+
+
 class Page:
-    """One request with a valid session: the agent, the API as this user, the CSRF token."""
+    """One request with a valid session: this node's name, the API as this user (every
+    page reads through it), the CSRF token."""
 
     def __init__(
-        self, agent: Agent, api: Api, who: Principal, csrf: str, req: HttpRequest,
+        self, node: str, api: Api, who: Principal, csrf: str, req: HttpRequest,
         ring: HealthRing | None = None,
     ) -> None:  # fmt: skip
-        self.a = agent
+        self.node = node
         self.ring = ring
         self.api = api
         self.who = who
         self.csrf = csrf
         self.req = req
-
-    @property
-    def node(self) -> str:
-        return self.a.ctx.name
 
     def layout(self, title: str, body: str, active: str = "") -> str:
         on = {

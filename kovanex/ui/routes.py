@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -31,10 +30,10 @@ from kovanex.net.httpauth import Principal, authenticate
 from kovanex.tokens import Refused
 from kovanex.ui import views
 from kovanex.ui.healthring import HealthRing
-from kovanex.ui.page import Page, UiError, confirm_form, esc, flash, template
+from kovanex.ui.page import Api, Page, UiError, confirm_form, esc, flash, template
 
 if TYPE_CHECKING:
-    from kovanex.agent.daemon import Agent
+    from kovanex.clock import Clock
 
 log = logging.getLogger("kovanex.ui")
 HTML = "text/html; charset=utf-8"
@@ -45,6 +44,7 @@ FAVICON = "/favicon.ico"  # browsers ask for it on every page; public, like the 
 STATIC_CACHE = "public, max-age=31536000, immutable"
 MAX_FORM = 64 * 1024
 
+HealthFeed = Callable[[str, Callable[[str, Any], None]], Any]
 Action = Callable[[Page, re.Match[str], dict[str, str]], Awaitable[str]]
 View = Callable[[Page, re.Match[str], dict[str, str]], Awaitable[HttpResponse]]
 
@@ -55,34 +55,18 @@ def _static() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
 
 
-class Api:
-    """The /v1 router called in-process with a session's token."""
-
-    def __init__(self, router: ApiRouter, token: str) -> None:
-        self.router = router
-        self.token = token
-
-    async def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {"authorization": f"Bearer {self.token}", "content-type": "application/json"}
-        raw = b"" if body is None else json.dumps(body).encode()
-        resp = await self.router.handle(HttpRequest(method, path, headers, body=raw))
-        data = resp.body if isinstance(resp.body, bytes) else b"".join([c async for c in resp.body])
-        doc = json.loads(data or b"{}")
-        if resp.status >= 400:
-            raise UiError(resp.status, str(doc.get("message", doc)))
-        return doc
-
-
 class UiRouter:
     """Claims /ui (pages, actions, static files); everything else goes to the API router."""
 
-    def __init__(self, agent: Agent, api: ApiRouter) -> None:
-        self.a = agent
+    def __init__(self, node: str, clock: Clock, health_feed: HealthFeed, api: ApiRouter) -> None:
+        """`node`: this node's name; `health_feed(topic, callback)`: the gossip
+        subscription the health ring keeps other nodes' samples from (Cluster.node)."""
+        self.node = node
         self.api = api
         self.body_bytes = api.body_bytes  # a form or an API body: limits.api_body_bytes
         self.static = _static()
-        self.ring = HealthRing(agent.ctx.clock)  # other nodes' gossiped health, kept from now
-        agent.cluster.node.subscribe("health", self.ring.on_item)
+        self.ring = HealthRing(clock)  # other nodes' gossiped health, kept from now
+        health_feed("health", self.ring.on_item)
         self.views: list[tuple[re.Pattern[str], View]] = [
             (re.compile(p), v) for p, v in views.VIEWS
         ]
@@ -141,7 +125,7 @@ class UiRouter:
             # a redirect, not a 401 page: the browser logs every 401 document as an error
             return _redirect("/ui/login?" + urlencode({"next": req.target}))
         token, who = session
-        page = Page(self.a, Api(self.api, token), who, self.csrf(token), req, self.ring)
+        page = Page(self.node, Api(self.api, token), who, self.csrf(token), req, self.ring)
         if req.method == "POST":
             form = _form(req)
             if not hmac.compare_digest(form.get("csrf", "").encode(), page.csrf.encode()):
@@ -196,7 +180,7 @@ class UiRouter:
     def _login_page(self, status: int, error: str, nxt: str) -> HttpResponse:
         nxt = nxt if nxt.startswith("/ui/") else "/ui/"
         body = template("login.html").substitute(
-            node=esc(self.a.ctx.name), error=esc(error), next=esc(nxt)
+            node=esc(self.node), error=esc(error), next=esc(nxt)
         )
         return _html(status, body)
 

@@ -7,21 +7,16 @@ breakdown and runners-up as the placing node wrote them (Score-Breakdown, Runner
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 from kovanex.core import task as taskcore
-from kovanex.gitstate import trailers
-from kovanex.gitstate.ledger import transition_of
 from kovanex.net.http11 import HttpResponse
-from kovanex.runner.logs import read_capped
 from kovanex.ui.page import Page, UiError, esc, live, table
 
 HTML = {"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-store"}
-LOG_CAP = 64 * 1024  # a page shows the head and tail; the node keeps the whole log
 ACTIVE = ("placed", "running", "queued", "pending")
 
 
@@ -77,19 +72,6 @@ async def tasks(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpResponse
 
 
 # -- detail --------------------------------------------------------------------------------
-def timeline(page: Page, repo: str, task: str) -> list[dict[str, Any]]:
-    """Every commit of the task branch, newest first, as the ledger reads its trailers."""
-    led = page.a.repos.ledger(repo)
-    tip = led.tip(task)
-    rows = []
-    for c in led.store.walk(tip) if tip else []:
-        tr = transition_of(c.message)
-        rows.append(
-            {"oid": c.oid, "time": c.time, "subject": trailers.subject(c.message), "tr": tr}
-        )
-    return rows
-
-
 def _placement(extra: dict[str, str]) -> str:
     bd = extra.get("Score-Breakdown", "")
     ru = extra.get("Runners-Up", "")
@@ -103,16 +85,18 @@ async def task_detail(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpRe
     repo, task = m.group("repo"), m.group("task")
     d = await page.api.call("GET", f"/v1/tasks/{repo}/{task}")  # the read scope check
     rows = []
-    if repo in page.a.repos.all():
-        for r in await asyncio.to_thread(timeline, page, repo, task):
-            tr = r["tr"]
-            when = time.strftime("%H:%M:%S", time.gmtime(r["time"]))
-            if tr is None:
-                rows.append([esc(when), "created", "", "", esc(r["subject"]), ""])
-                continue
-            step = f"{tr.step + 1} {tr.step_name} {tr.result}" if tr.step is not None else ""
-            rows.append([esc(when), state_cell(tr.state), esc(tr.node), esc(tr.epoch),
-                         esc(step or tr.reason or r["subject"]), _placement(tr.extra)])  # fmt: skip
+    try:  # GetTaskTimeline: this node's copy, or the owner's (a read is forwarded there)
+        commits = (await page.api.call("GET", f"/v1/tasks/{repo}/{task}/timeline"))["commits"]
+    except UiError:
+        commits = []  # the owner is away: the table says the branch is elsewhere
+    for r in commits:
+        when = time.strftime("%H:%M:%S", time.gmtime(r["time"]))
+        if r["state"] is None:
+            rows.append([esc(when), "created", "", "", esc(r["subject"]), ""])
+            continue
+        step = f"{r['step'] + 1} {r['step_name']} {r['result']}" if r["step"] is not None else ""
+        rows.append([esc(when), state_cell(r["state"]), esc(r["node"]), esc(r["epoch"]),
+                     esc(step or r["reason"] or r["subject"]), _placement(r["extra"])])  # fmt: skip
     steps = [
         [esc(s["index"]), esc(s["name"]), state_cell(s["state"]), esc(s.get("exit_code", "")),
          f'<a href="/ui/tasks/{esc(repo)}/{esc(task)}/log/{s["index"]}">log</a>']
@@ -174,31 +158,31 @@ async def step_log(page: Page, m: re.Match[str], q: dict[str, str]) -> HttpRespo
     # a finished step names the node that ran it; one running (or retried) is the lease's
     node = d.get("node") if d["state"] in ("placed", "running") and step["state"] != "ok" else ""
     node = node or step.get("node") or d.get("node") or ""
-    path = page.a.ctx.layout.step_log(repo, task, index, step["name"])
-    text = ""
-    if path.exists():
-        text = (await asyncio.to_thread(read_capped, path, LOG_CAP)).decode(errors="replace")
-    elif node and node != page.node:
+    mine = await page.api.call("GET", f"/v1/nodes/{page.node}/logs/{repo}/{task}/{index}")
+    text = mine["text"] if mine.get("found") else ""
+    if not mine.get("found") and node and node != page.node:
         try:
             got = await page.api.call("GET", f"/v1/nodes/{node}/logs/{repo}/{task}/{index}")
             text = got["text"] if got.get("found") else ""
         except UiError as e:
-            text = await _committed(page, repo, step) or f"({node} did not answer: {e})"
+            text = await _committed(page, repo, task, step) or f"({node} did not answer: {e})"
     if not text:
-        text = await _committed(page, repo, step) or (
+        text = await _committed(page, repo, task, step) or (
             f"(no log for this step yet; it runs or ran on {node or '-'})"
         )
     return _frag(page, q, f"{task} step {index}", esc(text), f'<pre class="log">{esc(text)}</pre>')
 
 
-async def _committed(page: Page, repo: str, step: dict[str, Any]) -> str:
-    """The capped log a finished step committed to the task branch, if this node has it."""
-    if "commit" not in step or repo not in page.a.repos.all():
+async def _committed(page: Page, repo: str, task: str, step: dict[str, Any]) -> str:
+    """The capped log a finished step committed to the task branch (GetCommittedStepLog:
+    this node's copy, or the owner's)."""
+    if "commit" not in step:
         return ""
-    store = page.a.repos.ledger(repo).store
-    rel = f".kovanex/logs/{step['index']}-{step['name']}.log"
-    blob = await asyncio.to_thread(store.read_file, step["commit"], rel)
-    return blob.decode(errors="replace") if blob else ""
+    try:
+        got = await page.api.call("GET", f"/v1/tasks/{repo}/{task}/steps/{step['index']}/log")
+    except UiError:
+        return ""
+    return str(got["text"]) if got.get("found") else ""
 
 
 async def task_action(page: Page, m: re.Match[str], form: dict[str, str]) -> str:

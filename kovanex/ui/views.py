@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kovanex.gitstate import gitcli
 from kovanex.net.http11 import HttpResponse
 from kovanex.ui import envviews, taskviews, unitviews
 from kovanex.ui.page import Page, UiError, esc, live, table
@@ -58,7 +57,7 @@ async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
             "cordoned" if n.get("cordoned") else "",
         ])  # fmt: skip
     part = (
-        coordination(page)
+        await coordination(page)
         + cluster_svg(nodes, page.node)
         + table(
             ["node", "role", "gossip", "health", "labels", "owns", "units busy", ""],
@@ -75,13 +74,13 @@ async def cluster(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     return answer(page, q, "Cluster", "cluster", part, whole)
 
 
-def coordination(page: Page) -> str:
-    """Leader, term and quorum when coordination is on (the agent's `coord` service, where
-    this build has one); nothing on the gossip-only backend, which has no leader."""
-    coord = getattr(page.a, "coord", None)
-    if coord is None or not page.who.may("read"):
+async def coordination(page: Page) -> str:
+    """Leader, term and quorum when coordination is on (GetAgentSelf's `coordination`);
+    nothing on the gossip-only backend, which has no leader."""
+    if not page.who.may("read"):
         return ""
-    return coordination_line(coord.summary())
+    me = await page.api.call("GET", "/v1/agent/self")
+    return coordination_line(me.get("coordination") or {})
 
 
 def coordination_line(s: dict[str, Any]) -> str:
@@ -181,16 +180,6 @@ async def health(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
 
 
 # -- environments --------------------------------------------------------------------------
-async def _env_refs(git_dir: str) -> list[tuple[str, str, str]]:
-    fmt = "%(refname:short)%09%(objectname:short)%09%(contents:subject)"
-    res = await gitcli.run_async(
-        ["for-each-ref", f"--format={fmt}", "refs/heads/env/", "refs/heads/promotion/"],
-        git_dir=git_dir, timeout=gitcli.LOCAL_TIMEOUT_S, check=False,
-    )  # fmt: skip
-    rows = [line.split("\t", 2) for line in res.stdout.splitlines()]
-    return [(r[0], r[1], r[2]) for r in rows if len(r) == 3]
-
-
 async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     g = await page.api.call("GET", "/v1/cluster/graph")
     by_env: dict[str, list[str]] = {}
@@ -201,14 +190,13 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
     order = [e for e in g.get("env_order", []) if e in by_env]
     rows = [[esc(e), esc(", ".join(by_env[e]))] for e in order]
     path = " → ".join(order) or "no env labels on any node"
-    promotions, approvable = await envviews.promotions_part(page)
+    repos = (await page.api.call("GET", "/v1/repos"))["repos"]  # the ones we may read
+    promotions, approvable = await envviews.promotions_part(page, [r["name"] for r in repos])
     releases: list[list[str]] = []
-    for repo in sorted(page.a.repos.all()):
-        if not page.who.may("read", repo):
-            continue
-        git_dir = str(page.a.repos.path(repo))
-        refs = await _env_refs(git_dir)
-        for ref, oid, subject in refs:
+    for r in repos:
+        repo = r["name"]
+        for rel in r["releases"]:
+            ref, oid, subject = rel["ref"], rel["oid"], rel["subject"]
             env = ref.split("/", 2)[1] if ref.startswith("env/") else ""
             pid = ref.removeprefix("promotion/")
             acts = (
@@ -220,7 +208,7 @@ async def envs(page: Page, m: re.Match[str], q: Query) -> HttpResponse:
                 if (repo, pid) in approvable else ""  # released, failed...: nothing to approve
             )  # fmt: skip
             releases.append([esc(repo), esc(ref), f"<code>{esc(oid)}</code>", esc(subject), acts])
-    events = page.a.api.hub.since(0, ["promotion"])[-20:]
+    events = (await page.api.call("GET", "/v1/events/recent?topic=promotion&limit=20"))["events"]
     part = (
         table(["environment", "nodes"], rows, tid="envs", empty="no environments")
         + f"<p>promotion path: {esc(path)}</p>"
