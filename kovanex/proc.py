@@ -36,7 +36,8 @@ STDOUT = subprocess.STDOUT
 
 class ProcTimeout(TimeoutError):
     """The child did not finish within its deadline; its whole group was killed and the
-    leader reaped. `argv`, `timeout`, and what it wrote before (`stdout`, `stderr`)."""
+    leader reaped. `argv`, `timeout`, and what it wrote before (`stdout`, `stderr`).
+    A TimeoutError, and so an OSError: catch it before an OSError meaning "cannot start"."""
 
     def __init__(
         self, argv: Sequence[str], timeout: float, stdout: bytes = b"", stderr: bytes = b""
