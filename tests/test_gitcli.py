@@ -163,6 +163,43 @@ def test_cancelling_run_async_kills_the_git_process_group(tmp_path: Path) -> Non
     asyncio.run(go())
 
 
+def test_blocking_run_at_its_timeout_kills_git_and_its_remote_helper(tmp_path: Path) -> None:
+    """`run`'s deadline ends git's whole group (kovanex/proc.py): subprocess.run's own
+    timeout killed git alone and left git-remote-http waiting on the dead peer."""
+
+    async def go() -> None:
+        hole, url = await blackhole_url()
+        try:
+            call = asyncio.ensure_future(
+                asyncio.to_thread(gitcli.run, ["ls-remote", url], timeout=3.0)
+            )
+            await until(lambda: hole.open, 10, "git's remote helper to connect")
+            tree = _git_tree()
+            assert len(tree) >= 2, f"git and git-remote-http should run: {tree}"
+            with pytest.raises(GitTimeout):
+                await call
+            await until(lambda: not any(_alive(p) for p in tree), 3, "git's group to die")
+        finally:
+            await hole.close()
+
+    asyncio.run(go())
+
+
+def _git_tree() -> list[int]:
+    """The git processes this test process started, and their children."""
+    me, kids = os.getpid(), {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                kids[int(d.name)] = (comm, int(stat[stat.rindex(")") + 2 :].split()[1]))
+            except (OSError, ValueError):
+                continue
+    gits = [p for p, (comm, ppid) in kids.items() if ppid == me and comm.startswith("git")]
+    return gits + [p for p, (_c, ppid) in kids.items() if ppid in gits]
+
+
 def _git_children() -> list[int]:
     me = os.getpid()
     out = []
