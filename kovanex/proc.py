@@ -203,16 +203,17 @@ async def spawn(
 
 
 async def kill(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the child's whole group and reap the leader; a no-op once it was reaped."""
-    if proc.returncode is None:
-        signal_group(proc.pid)
-        await proc.wait()
+    """SIGKILL the child's whole group at once and reap the leader (`terminate` with no
+    grace); a no-op once it was reaped."""
+    await terminate(proc, 0)
 
 
 async def terminate(proc: asyncio.subprocess.Process, grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the group, SIGKILL it after `grace` (0: at once), reap the leader, and
     SIGKILL the group once more so no orphaned helper outlives the leader. Safe to call
-    from a `finally` of a cancelled task: it shields itself."""
+    from a `finally` of a cancelled task: it shields itself. Every wait is bounded: on
+    3.11 `Process.wait()` also waits for the pipes to close, which a child that left the
+    group (setsid) may hold for ever; the leader is reaped by the loop's watcher anyway."""
     import asyncio
 
     async def end() -> None:

@@ -4,7 +4,9 @@ network calls, CAS helpers and bare-repo creation, all against the real git CLI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -169,6 +171,7 @@ def test_blocking_run_at_its_timeout_kills_git_and_its_remote_helper(tmp_path: P
 
     async def go() -> None:
         hole, url = await blackhole_url()
+        tree: list[int] = []
         try:
             call = asyncio.ensure_future(
                 asyncio.to_thread(gitcli.run, ["ls-remote", url], timeout=3.0)
@@ -180,9 +183,19 @@ def test_blocking_run_at_its_timeout_kills_git_and_its_remote_helper(tmp_path: P
                 await call
             await until(lambda: not any(_alive(p) for p in tree), 3, "git's group to die")
         finally:
+            _reap_leftovers(tree)
             await hole.close()
 
     asyncio.run(go())
+
+
+def _reap_leftovers(pids: list[int]) -> None:
+    """What a failed check left running is the test's own: end it, or closing the
+    blackhole waits forever on the helper's connection."""
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _git_tree() -> list[int]:

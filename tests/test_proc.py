@@ -18,25 +18,20 @@ import pytest
 from kovanex import proc
 from tests.agentkit import wait_for
 
-# The child ignores SIGTERM, forks a grandchild that ignores it too, writes both pids
-# and sleeps: only a SIGKILL to the whole group ends both.
-STUBBORN = """
-import json, os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-kid = os.fork()
-if kid == 0:
-    time.sleep(600)
-    os._exit(0)
-with open(sys.argv[1] + ".tmp", "w") as f:
-    json.dump({"child": os.getpid(), "grandchild": kid}, f)
-os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(600)
+# The child ignores SIGTERM, forks a grandchild that inherits that (an ignored signal stays
+# ignored across fork and exec), writes both pids and waits: only a SIGKILL to the whole
+# group ends both. A shell, not Python: it starts in a millisecond even on a loaded host,
+# so the pids are written long before the deadline.
+STUBBORN = """trap '' TERM
+sleep 600 &
+printf '{"child": %d, "grandchild": %d}' $$ $! > "$1.tmp" && mv "$1.tmp" "$1"
+wait
 """
 
 
 def _stubborn(tmp_path: Path) -> tuple[list[str], Path]:
     pids = tmp_path / "pids.json"
-    return [sys.executable, "-c", STUBBORN, str(pids)], pids
+    return ["/bin/sh", "-c", STUBBORN, "sh", str(pids)], pids
 
 
 def _state(pid: int) -> str | None:
