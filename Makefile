@@ -50,10 +50,17 @@ nftables:
 	  echo "could not install nftables: the network policy tests will skip"; \
 	else echo "no nft and not root with apt: the network policy tests will skip"; fi
 
+# The suite's JUnit XML and every test's time (slowest first) land in $(TEST_REPORT);
+# the slowest 25 are printed at the end, pass or fail (tests/durations.py).
+TEST_REPORT := build/test-report
+
 test: $(STAMP) browser promtool nftables
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
-	$(BIN)/python -m pytest -q -x --durations=15
+	@mkdir -p $(TEST_REPORT) && rm -f $(TEST_REPORT)/junit.xml
+	$(BIN)/python -m pytest -q -x --junitxml=$(TEST_REPORT)/junit.xml; rc=$$?; \
+	  $(BIN)/python -m tests.durations $(TEST_REPORT)/junit.xml --top 25 \
+	    --out $(TEST_REPORT)/durations.txt; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix kovanex tests bench

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from kovanex import proc
 from kovanex.inputlimits import InputLimits, human
 
 GIT_TIMEOUT_S = 60.0
@@ -28,7 +29,7 @@ def pushed_objects(git_dir: str, quarantine: str) -> list[tuple[str, str, int]]:
     quarantine is listed: git's alternates variable (the repo's own objects) is dropped."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_DIR=git_dir, GIT_OBJECT_DIRECTORY=quarantine)
-    out = subprocess.run(
+    done = proc.run(
         [
             "git",
             "cat-file",
@@ -37,12 +38,13 @@ def pushed_objects(git_dir: str, quarantine: str) -> list[tuple[str, str, int]]:
             "--batch-check=%(objectname) %(objecttype) %(objectsize)",
         ],  # fmt: skip
         env=env,
-        capture_output=True,
+        cwd=git_dir,  # as the hook ran it: a relative quarantine path still resolves
         timeout=GIT_TIMEOUT_S,
-        check=True,
-    ).stdout
+    )
+    if done.returncode != 0:
+        raise OSError(f"git cat-file exited {done.returncode}: {done.text('stderr').strip()}")
     objs = []
-    for line in out.decode().splitlines():
+    for line in done.stdout.decode().splitlines():
         oid, kind, size = line.split(" ")
         objs.append((oid, kind, int(size)))
     return objs

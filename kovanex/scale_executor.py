@@ -20,21 +20,24 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kovanex.proc import Done, alive, run, signal_group
+
 STOP_TIMEOUT_S = 30.0
 STOP_ALL_TIMEOUT_S = 10.0
 
 
-def _kx(data: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def _kx(data: Path, *args: str, timeout: float = 60.0) -> Done:
     cmd = [sys.executable, "-m", "kovanex", "--data", str(data), *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = run(cmd, timeout=timeout, cwd=None)
     if p.returncode != 0:
-        raise RuntimeError(f"`kovanex {args[0]}` for {data.name} failed: {p.stderr.strip()}")
+        raise RuntimeError(
+            f"`kovanex {args[0]}` for {data.name} failed: {p.text('stderr').strip()}"
+        )
     return p
 
 
@@ -43,8 +46,9 @@ def agent_pid(data: Path) -> int | None:
     that is that agent (a pid the kernel reused for something else is not ours to stop)."""
     try:
         pid = int((data / "run" / "agent.pid").read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ValueError):
+        return None
+    if not alive(pid):
         return None
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -75,24 +79,8 @@ def stop_all(base: Path, timeout: float = STOP_ALL_TIMEOUT_S) -> list[str]:
         time.sleep(0.05)  # waiting for other processes to exit: there is nothing to wait on
     for pid in pids.values():
         if alive(pid):
-            try:
-                os.killpg(pid, signal.SIGKILL)  # `agent --detach` made it a session leader
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(pid)  # `agent --detach` made it a session leader
     return sorted(pids)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) has stopped
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def ours(node: dict[str, Any]) -> list[Path]:
@@ -163,7 +151,7 @@ def main() -> int:
     except (ValueError, KeyError, TypeError) as e:
         print(f"scale executor: bad input: {e}", file=sys.stderr)
         return 2
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+    except (RuntimeError, OSError, TimeoutError) as e:
         print(f"scale executor: {e}", file=sys.stderr)
         return 3
     print(json.dumps(out, sort_keys=True))

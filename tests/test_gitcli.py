@@ -4,7 +4,9 @@ network calls, CAS helpers and bare-repo creation, all against the real git CLI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -161,6 +163,54 @@ def test_cancelling_run_async_kills_the_git_process_group(tmp_path: Path) -> Non
             await hole.close()
 
     asyncio.run(go())
+
+
+def test_blocking_run_at_its_timeout_kills_git_and_its_remote_helper(tmp_path: Path) -> None:
+    """`run`'s deadline ends git's whole group (kovanex/proc.py): subprocess.run's own
+    timeout killed git alone and left git-remote-http waiting on the dead peer."""
+
+    async def go() -> None:
+        hole, url = await blackhole_url()
+        tree: list[int] = []
+        try:
+            call = asyncio.ensure_future(
+                asyncio.to_thread(gitcli.run, ["ls-remote", url], timeout=3.0)
+            )
+            await until(lambda: hole.open, 10, "git's remote helper to connect")
+            tree = _git_tree()
+            assert len(tree) >= 2, f"git and git-remote-http should run: {tree}"
+            with pytest.raises(GitTimeout):
+                await call
+            await until(lambda: not any(_alive(p) for p in tree), 3, "git's group to die")
+        finally:
+            _reap_leftovers(tree)
+            await hole.close()
+
+    asyncio.run(go())
+
+
+def _reap_leftovers(pids: list[int]) -> None:
+    """What a failed check left running is the test's own: end it, or closing the
+    blackhole waits forever on the helper's connection."""
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _git_tree() -> list[int]:
+    """The git processes this test process started, and their children."""
+    me, kids = os.getpid(), {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                kids[int(d.name)] = (comm, int(stat[stat.rindex(")") + 2 :].split()[1]))
+            except (OSError, ValueError):
+                continue
+    gits = [p for p, (comm, ppid) in kids.items() if ppid == me and comm.startswith("git")]
+    return gits + [p for p, (_c, ppid) in kids.items() if ppid in gits]
 
 
 def _git_children() -> list[int]:

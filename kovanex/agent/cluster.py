@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kovanex import config as cfgmod
+from kovanex import proc
 from kovanex.agent.context import NodeContext
 from kovanex.agent.placement import LocalNode
 from kovanex.core.gossip_profiles import profile
@@ -287,23 +288,20 @@ class Cluster:
             labels = ",".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))
             lines.append(f"{d['name']}\t{d['addr']}\t{d['role']}\t{d['status']}\t{labels}\n")
         try:
-            proc = await asyncio.create_subprocess_shell(
-                script,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+            done = await proc.run_async(  # its group is ended at the timeout, not left running
+                ["/bin/sh", "-c", script],
+                input="".join(lines).encode(),
                 env=env,
-                start_new_session=True,
-            )
-            out, _ = await self.ctx.clock.wait_for(
-                proc.communicate("".join(lines).encode()), HANDLER_TIMEOUT_S
+                cwd=None,
+                timeout=HANDLER_TIMEOUT_S,
+                merge_stderr=True,
             )
             self.record(
                 "handler",
                 {
                     "event": topic,
-                    "exit": proc.returncode,
-                    "output": out.decode(errors="replace")[-500:],
+                    "exit": done.returncode,
+                    "output": done.stdout.decode(errors="replace")[-500:],
                 },
             )
         except (TimeoutError, OSError) as e:

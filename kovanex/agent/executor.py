@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +21,7 @@ from kovanex import spec as specmod
 from kovanex.core import task as taskcore
 from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
+from kovanex.proc import signal_group
 from kovanex.runner import logs as runlogs
 from kovanex.runner import taskdirs, unitrepo, worktree
 from kovanex.runner.limits import Limits
@@ -432,7 +432,6 @@ def kill_orphan(pidfile: Path) -> bool:
         proc = psutil.Process(int(rec["pid"]))
         if rec.get("created") and abs(proc.create_time() - float(rec["created"])) > 0.01:
             return False
-        os.killpg(proc.pid, signal.SIGKILL)
-        return True
-    except (psutil.Error, ProcessLookupError, PermissionError):
+    except psutil.Error:
         return False
+    return signal_group(proc.pid)

@@ -18,11 +18,11 @@ import json
 import logging
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from kovanex import proc
 from kovanex.agent.context import NodeContext
 from kovanex.core import autoscale
 
@@ -211,15 +211,21 @@ class ScalingService:
         argv = self.argv()
         env = {k: v for k, v in os.environ.items() if k in SAFE_ENV}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            done = await proc.run_async(
+                argv,
+                input=json.dumps(payload).encode(),
                 env=env,
                 cwd=str(self.ctx.layout.root) if self.ctx.layout.root.is_dir() else None,
-                start_new_session=True,
+                timeout=self.policy.executor_timeout_s,
+                grace=0,
             )
+        except proc.ProcTimeout:  # a TimeoutError, so an OSError: caught first
+            return {
+                "exit": None,
+                "error": f"timed out after {self.policy.executor_timeout_s:g}s",
+                "stdout": "",
+                "stderr": "",
+            }
         except OSError as e:
             raise ApplyError(
                 500,
@@ -227,26 +233,10 @@ class ScalingService:
                 "check [scaling] executor in kovanex.toml",
                 "executor",
             ) from e
-        try:
-            out, err = await self.ctx.clock.wait_for(
-                proc.communicate(json.dumps(payload).encode()), self.policy.executor_timeout_s
-            )
-        except TimeoutError:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-            return {
-                "exit": None,
-                "error": f"timed out after {self.policy.executor_timeout_s:g}s",
-                "stdout": "",
-                "stderr": "",
-            }
         return {
-            "exit": proc.returncode,
-            "stdout": out.decode(errors="replace")[-OUTPUT_TAIL:],
-            "stderr": err.decode(errors="replace")[-OUTPUT_TAIL:],
+            "exit": done.returncode,
+            "stdout": done.stdout.decode(errors="replace")[-OUTPUT_TAIL:],
+            "stderr": done.stderr.decode(errors="replace")[-OUTPUT_TAIL:],
         }
 
 

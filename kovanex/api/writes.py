@@ -24,6 +24,7 @@ from kovanex.api import reads
 from kovanex.api.router import ApiError, Call, Handler
 from kovanex.core import startwatch
 from kovanex.core import task as taskcore
+from kovanex.gitstate import gitcli
 from kovanex.gitstate.ledger import KeepsChanging, decide_and_append
 from kovanex.gitstate.refs import task_ref, valid_task_id
 from kovanex.inputlimits import InputLimits
@@ -57,25 +58,29 @@ async def transition(
     return reads.task_row(repo, task_id, led.read(task_id))
 
 
-async def git(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *args,
-        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
+async def git(
+    git_dir: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    token: str | None = None,
+) -> str:
+    """One git command on the repo, through gitcli: its clean environment, the token as
+    env config (never in argv, which `ps` shows), and a timeout that ends git's group."""
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), GIT_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        res = await gitcli.run_async(
+            args,
+            git_dir=git_dir,
+            input=input,
+            timeout=GIT_TIMEOUT_S,
+            token=token,
+            env_extra=env,
+        )
+    except gitcli.GitTimeout:
         raise ApiError(504, f"git {args[0]} timed out", code="timeout") from None
-    if proc.returncode != 0:
-        raise ApiError(400, _refusal(args[0], err.decode(errors="replace")), "body",
-                       code="git_refused")  # fmt: skip
-    return out.decode().strip()
+    except gitcli.GitError as e:
+        raise ApiError(400, _refusal(args[0], e.stderr), "body", code="git_refused") from None
+    return res.stdout.strip()
 
 
 def _refusal(verb: str, stderr: str) -> str:
@@ -112,14 +117,14 @@ async def submit(a: ApiServices, body: dict[str, Any]) -> dict[str, Any]:
     base = await _rev(gd, body.get("base") or "HEAD")
     if body.get("base") and not base:
         raise ApiError(404, f"no branch {body['base']!r} in {repo}", "body.base")
-    blob = await git("--git-dir", gd, "hash-object", "-w", "--stdin", stdin=body["spec"].encode())
+    blob = await git(gd, "hash-object", "-w", "--stdin", input=body["spec"])
     with tempfile.TemporaryDirectory(prefix="kx-submit-") as tmp:
         idx = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
         if base:
-            await git("--git-dir", gd, "read-tree", base, env=idx)
-        await git("--git-dir", gd, "update-index", "--add", "--cacheinfo",
+            await git(gd, "read-tree", base, env=idx)
+        await git(gd, "update-index", "--add", "--cacheinfo",
                   f"100644,{blob},{SPEC_PATH}", env=idx)  # fmt: skip
-        tree = await git("--git-dir", gd, "write-tree", env=idx)
+        tree = await git(gd, "write-tree", env=idx)
     who = {
         "GIT_AUTHOR_NAME": "kovanex-api",
         "GIT_AUTHOR_EMAIL": "api@kovanex",
@@ -127,19 +132,17 @@ async def submit(a: ApiServices, body: dict[str, Any]) -> dict[str, Any]:
         "GIT_COMMITTER_EMAIL": "api@kovanex",
     }
     parents = ["-p", base] if base else []
-    commit = await git("--git-dir", gd, "commit-tree", tree, *parents, "-m",
+    commit = await git(gd, "commit-tree", tree, *parents, "-m",
                        f"task {task_id}: submitted through the API", env=who)  # fmt: skip
     url = f"{a.http_url()}/git/{repo}.git"
-    auth = f"http.extraHeader=Authorization: Bearer {a.ctx.token}"
-    await git("--git-dir", gd, "-c", auth, "push", "-q", url,
-              f"{commit}:refs/heads/task/{task_id}")  # fmt: skip
+    await git(gd, "push", "-q", url, f"{commit}:refs/heads/task/{task_id}", token=a.ctx.token)
     led = a.repos.ledger(repo)
     return reads.task_row(repo, task_id, led.read(task_id))
 
 
 async def _rev(git_dir: str, rev: str) -> str:
     try:
-        return await git("--git-dir", git_dir, "rev-parse", "--verify", "-q", rev + "^{commit}")
+        return await git(git_dir, "rev-parse", "--verify", "-q", rev + "^{commit}")
     except ApiError:
         return ""
 

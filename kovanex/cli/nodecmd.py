@@ -15,6 +15,7 @@ from kovanex import config as cfgmod
 from kovanex.cli.apicmd import add_addr, api_call
 from kovanex.cli.output import CliError, add_format, emit_json
 from kovanex.coordcfg import CoordinationConfig
+from kovanex.proc import alive
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -345,7 +346,6 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
 def agent_pid(layout: cfgmod.Layout) -> int | None:
     try:
         pid = int(layout.pid_file.read_text().strip())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ValueError):
         return None
+    return pid if alive(pid) else None

@@ -19,13 +19,12 @@ pygit2 code (gitstate/pygit2store.py) stays in-process; this is for the CLI only
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kovanex import proc
 from kovanex.gitstate.refs import HIDDEN
 
 if TYPE_CHECKING:  # the CLI reads git through `run` and should not load the event loop
@@ -174,19 +173,16 @@ def run(
     GitError on a non-zero exit."""
     argv = _argv(args, git_dir, config)
     try:
-        p = subprocess.run(
+        p = proc.run(
             ["git", *argv],
             env=env(token, env_extra),
-            input=input,
-            capture_output=True,
-            text=True,
+            input=input.encode() if input is not None else None,
             timeout=timeout,
             cwd=str(cwd) if cwd is not None else "/",
-            stdin=None if input is not None else subprocess.DEVNULL,
         )
-    except subprocess.TimeoutExpired:
+    except proc.ProcTimeout:
         raise GitTimeout(argv, timeout) from None
-    res = Result(argv, p.returncode, p.stdout, p.stderr)
+    res = Result(argv, p.returncode, p.text("stdout"), p.text("stderr"))
     return res.check() if check else res
 
 
@@ -211,15 +207,10 @@ async def run_async(
     from kovanex.gitstate.progress import Progress, Stalled, guard
 
     argv = _argv(args, git_dir)
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *argv,
+    child = await proc.spawn(
+        ["git", *argv],
         env=env(token, env_extra),
         stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd="/",
-        start_new_session=True,
     )
     data = input.encode() if input is not None else None
     progress = Progress(idle, timeout) if idle is not None else None
@@ -232,19 +223,19 @@ async def run_async(
                 progress.mark(len(chunk))
 
     async def feed() -> None:
-        if data is None or proc.stdin is None:
+        if data is None or child.stdin is None:
             return
         try:
-            proc.stdin.write(data)
-            await proc.stdin.drain()
+            child.stdin.write(data)
+            await child.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass  # git stopped reading: its exit code says why
-        proc.stdin.close()
+        child.stdin.close()
 
     async def talk() -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        await asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err))
-        await proc.wait()
+        assert child.stdout is not None and child.stderr is not None
+        await asyncio.gather(feed(), pump(child.stdout, out), pump(child.stderr, err))
+        await child.wait()
 
     try:
         if progress is None:
@@ -252,38 +243,18 @@ async def run_async(
         else:
             await guard(talk(), progress)
     except Stalled as e:
-        await _terminate(proc)
+        await proc.terminate(child, KILL_GRACE_S)
         raise GitTimeout(argv, timeout, str(e)) from None
     except TimeoutError:
-        await _terminate(proc)
+        await proc.terminate(child, KILL_GRACE_S)
         raise GitTimeout(argv, timeout) from None
     except asyncio.CancelledError:
-        await asyncio.shield(_terminate(proc))
+        await proc.terminate(child, KILL_GRACE_S)
         raise
     res = Result(
-        argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        argv, child.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
     )
     return res.check() if check else res
-
-
-async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM the group (git removes its lock files), SIGKILL what is left after a grace,
-    and once the leader is gone SIGKILL the group again, so no orphaned helper
-    (git-remote-http) outlives the call."""
-    import asyncio
-
-    try:
-        if proc.returncode is None:
-            for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-                os.killpg(proc.pid, sig)
-                try:
-                    await asyncio.wait_for(proc.wait(), wait)
-                    break
-                except TimeoutError:
-                    continue
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 # -- helpers on a local repo -----------------------------------------------------------

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from kovanex.gitstate.gitcli import ZERO, GitError
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.refs import STAGING_REFS
 from kovanex.gitstate.store import CasConflict
+from kovanex.proc import kill, spawn
 
 IO_CHUNK = 64 * 1024
 SMALL = 1024 * 1024  # packs under this become loose objects (see `store`)
@@ -39,22 +38,11 @@ async def _spawn(
     env_extra: Mapping[str, str] | None,
     config: Iterable[tuple[str, str]] = (),
 ) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *gitcli.command(args, git_dir=git_dir, config=config),
+    return await spawn(
+        gitcli.command(args, git_dir=git_dir, config=config),
         env=gitcli.env(None, env_extra),
         stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd="/",
-        start_new_session=True,
     )
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
 
 
 async def pack(
@@ -85,7 +73,7 @@ async def pack(
         if await proc.wait() != 0:
             raise GitError(["pack-objects"], proc.returncode or 1, err.decode(errors="replace"))
     finally:
-        await _kill(proc)
+        await kill(proc)
 
 
 async def store(git_dir: Path, chunks: AsyncIterator[bytes], small: int = SMALL) -> str:
@@ -140,7 +128,7 @@ async def _run_fed(args: list[str], git_dir: Path, chunks: AsyncIterator[bytes])
             raise GitError([args[0]], proc.returncode or 1, err.decode(errors="replace"))
         return out
     finally:
-        await _kill(proc)
+        await kill(proc)
         await asyncio.gather(reading, return_exceptions=True)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from kovanex.core import task as taskcore
 from kovanex.gitstate import archive, gitcli
 from kovanex.gitstate.refs import TASK_PREFIX
+from kovanex.proc import kill, spawn
 
 CHILD_ABOVE = 500  # live task refs; up to this many the parse stays in the agent
 LINE_LIMIT = 1 << 20  # one task's line (a long failure reason)
@@ -83,18 +84,7 @@ def is_big(git_dir: Path | str) -> bool:
 async def _child(*args: str) -> AsyncIterator[bytes]:
     """Lines of `python -m kovanex.gitstate.tipscan <args>`, as it prints them (no buffer
     of the whole answer in the agent). An error, or our cancellation, ends the child."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        __name__,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd="/",
-        start_new_session=True,
-        limit=LINE_LIMIT,
-    )
+    proc = await spawn([sys.executable, "-m", __name__, *args], limit=LINE_LIMIT)
     try:
         assert proc.stdout is not None and proc.stderr is not None
         async for line in proc.stdout:
@@ -103,9 +93,7 @@ async def _child(*args: str) -> AsyncIterator[bytes]:
         if await proc.wait():
             raise RuntimeError(f"tip scan {args[0]} failed: {err.decode(errors='replace')}")
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill(proc)  # its whole group, and reaped
 
 
 async def scan(git_dir: Path | str) -> AsyncIterator[Seen]:

@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import re
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -46,6 +45,7 @@ from kovanex.net.httpauth import (
     git_scope,
     refusal_advertisement,
 )
+from kovanex.proc import signal_group, spawn
 from kovanex.tokens import Refused, TokenBook
 
 log = logging.getLogger("kovanex.githttp")
@@ -331,15 +331,11 @@ class GitHttpServer:
         each). A push is left to finish as before: killing receive-pack mid-update could
         leave ref locks behind, or skip the hook that tells the agent."""
         fetching = "upload-pack" in path_info or "upload-pack" in req.query
-        proc = await asyncio.create_subprocess_exec(
-            self.git,
-            "http-backend",
+        proc = await spawn(
+            [self.git, "http-backend"],
             stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
             env=self._cgi_env(req, path_info, user, unhide),
             cwd=str(self.repos_dir),
-            start_new_session=True,
         )
         self._procs.add(proc)
         assert proc.stdin and proc.stdout and proc.stderr
@@ -414,10 +410,7 @@ class GitHttpServer:
 # -- helpers -----------------------------------------------------------------------------
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL http-backend's whole group (it leads one): upload-pack, pack-objects."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_group(proc.pid)
 
 
 def _settled(ex: Exchange) -> bool:

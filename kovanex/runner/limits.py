@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex.proc import alive as _alive
+
 CGROUP_V2 = "cgroup-v2"
 CGROUP_V1 = "cgroup-v1"
 RLIMIT = "rlimit"
@@ -463,16 +465,6 @@ def _freeze(d: Path) -> bool:
                 return True
         time.sleep(0.001)  # the kernel's freeze has no event to wait on
     return True  # partly frozen still narrows the window; thawed in kill_cgroups
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _rlimits(limits: Limits, timeout_s: float) -> list[tuple[int, int, int]]:

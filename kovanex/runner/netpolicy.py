@@ -12,15 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 
+from kovanex import proc
 from kovanex.core import netpolicy as core
 from kovanex.runner import limits as limitsmod
 
 _log = logging.getLogger("kovanex.units")
 HOW = "nftables owner match on the units' uids"
 INSTALL_HINT = "install nftables (`apt-get install nftables`, or `make test` as root)"
+NFT_TIMEOUT_S = 30.0
 
 
 def nft_binary() -> str | None:
@@ -57,19 +58,13 @@ class NetPolicy:
             why = "the agent is not root; nftables needs root"
         else:
             script = core.render(self.table, self.uids, ports, self.egress)
-            p = subprocess.run(
-                [nft, "-f", "-"],
-                input=script,
-                capture_output=True,
-                text=True,
-                env=limitsmod.ROOT_ENV,
-            )
+            p = _nft(nft, script)
             if p.returncode == 0:
                 self.applied = True
                 self.line = core.describe(ports, self.egress, f"{HOW}, table inet {self.table}")
                 _log.info("network: %s", self.line)
                 return self.line
-            why = f"nft failed: {p.stderr.strip()[:300]}"
+            why = f"nft failed: {p.text('stderr').strip()[:300]}"
         was = self.line
         self.line = self._not_enforced(why)
         if was != self.line:
@@ -82,12 +77,22 @@ class NetPolicy:
         if not self.applied or nft is None:
             return
         script = f"add table inet {self.table}\ndelete table inet {self.table}\n"
-        p = subprocess.run(
-            [nft, "-f", "-"], input=script, capture_output=True, text=True, env=limitsmod.ROOT_ENV
-        )
+        p = _nft(nft, script)
         if p.returncode != 0:
-            _log.warning("network: could not delete table inet %s: %s", self.table, p.stderr)
+            _log.warning(
+                "network: could not delete table inet %s: %s", self.table, p.text("stderr")
+            )
         self.applied = False
+
+
+def _nft(nft: str, script: str) -> proc.Done:
+    """`nft -f -` with a deadline: a wedged nft must not hold the agent's start or stop;
+    at the deadline it answers as a failed nft does (exit 124, the reason on stderr)."""
+    try:
+        return proc.run([nft, "-f", "-"], input=script.encode(), env=limitsmod.ROOT_ENV,
+                        timeout=NFT_TIMEOUT_S)  # fmt: skip
+    except OSError as e:  # ProcTimeout included
+        return proc.Done([nft, "-f", "-"], 124, b"", str(e).encode())
 
 
 def for_node(key: str, uids: list[int], egress: core.Egress, isolation: str) -> NetPolicy:

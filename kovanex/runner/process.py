@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
+from kovanex.proc import group_members, kill_sync, signal_group
 from kovanex.runner import taskdirs, units
 from kovanex.runner.limits import (
     CGROUP_V1,
@@ -97,29 +98,6 @@ def step_env(
     env.update(declared)
     env.update(kovanex_vars)
     return env
-
-
-def _live_members(pgid: int) -> list[int]:
-    """Non-zombie processes in a process group (zombies may linger if init doesn't reap)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            found.append(int(entry.name))
-    return found
 
 
 class _Child:
@@ -200,7 +178,7 @@ async def _spawn(
                 return popen, os.pidfd_open(popen.pid)
             except OSError:
                 # Probed at import, so this is an fd shortage: never leave a child untracked.
-                _kill_and_reap(popen)
+                kill_sync(popen)
                 raise
 
         # Popen returns only once the child has exec'd; on a busy host that is
@@ -214,7 +192,7 @@ async def _spawn(
             with contextlib.suppress(BaseException):
                 popen, pidfd = await started
                 os.close(pidfd)
-                _kill_and_reap(popen)
+                kill_sync(popen)
             raise
         return _Child(popen, pidfd)
     return await asyncio.create_subprocess_exec(
@@ -243,12 +221,6 @@ def _spawner() -> ThreadPoolExecutor:
         return _spawn_pool
 
 
-def _kill_and_reap(popen: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(popen.pid, signal.SIGKILL)
-    popen.wait()
-
-
 def _pidfd_works() -> bool:
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -261,13 +233,12 @@ _PIDFD = _pidfd_works()
 
 
 def _signal_tree(pgid: int, applied: Applied, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+    signal_group(pgid, sig)
     applied.kill_all(sig)
 
 
 def _tree_alive(proc: _Proc, pgid: int, applied: Applied) -> bool:
-    return proc.returncode is None or bool(_live_members(pgid)) or bool(applied.pids())
+    return proc.returncode is None or bool(group_members(pgid)) or bool(applied.pids())
 
 
 async def _wait_tree(proc: _Proc, pgid: int, applied: Applied, deadline: float) -> bool:

@@ -27,10 +27,10 @@ import functools
 import logging
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kovanex import proc
 from kovanex.runner import limits as limitsmod
 from kovanex.runner.units import Unit, reset
 
@@ -175,7 +175,7 @@ def namespace_works() -> bool:
     if os.geteuid() != 0:
         return False
     try:
-        p = subprocess.run(
+        p = proc.run(
             [
                 _UNSHARE,
                 "--mount",
@@ -189,11 +189,10 @@ def namespace_works() -> bool:
                 "kovanex-probe",
                 "/tmp",
             ],  # fmt: skip
-            capture_output=True,
             env=limitsmod.ROOT_ENV,
             timeout=10,
         )
-    except (OSError, subprocess.SubprocessError):
+    except OSError:  # ProcTimeout included
         return False
     return p.returncode == 0
 
@@ -279,4 +278,5 @@ def remove_units(units: list[Unit], *, delete_users: bool) -> None:
                 d.parent.rmdir()
         shutil.rmtree(u.path, ignore_errors=True)
         if delete_users and u.user.startswith("kx-"):
-            subprocess.run(["userdel", u.user], capture_output=True)
+            with contextlib.suppress(OSError):  # ProcTimeout is one too
+                proc.run(["userdel", u.user], timeout=30)

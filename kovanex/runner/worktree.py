@@ -35,6 +35,7 @@ import pygit2
 from pygit2.enums import CheckoutStrategy, ConfigLevel
 
 from kovanex.gitstate import gitcli
+from kovanex.proc import alive as _alive
 
 log = logging.getLogger("kovanex.worktree")
 
@@ -403,16 +404,6 @@ def _stale(admin: Path) -> bool:
     except OSError:
         return False
     return not gitfile or not os.path.exists(gitfile)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _linked_admin(path: Path) -> Path | None:
