@@ -4,7 +4,9 @@ bench: every process started with `spawn` is stopped on exit, SIGTERM and SIGINT
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -35,13 +37,29 @@ def sandbox(prefix: str) -> Path:
     return root
 
 
+# As root, a step's /tmp, /var/tmp and /dev/shm are its task's own (ADR 0073): a dir the
+# bench and its steps share must live elsewhere. Made per sandbox, removed at exit.
+SHARED_BASE = Path("/var/lib/kovanex-bench")
+
+
 def step_writable(d: Path) -> Path:
-    """Make `d` (inside a sandbox) a dir a task's step may write to. As root, steps run as
-    their compute unit's user (ADR 0010), who can neither enter a 0700 mkdtemp nor write
-    a root-owned dir."""
+    """A dir like `d` (inside a sandbox) a task's step may write to; returns its path.
+    As root, steps run as their compute unit's user (ADR 0010), who can neither enter a
+    0700 mkdtemp nor write a root-owned dir, and in a mount namespace where /tmp is
+    private (ADR 0073: a step wrote its marks into its own /tmp and a bench waited for
+    them in vain), so the dir is made under SHARED_BASE instead."""
+    from kovanex.runner.taskdirs import namespace_works
+
+    if namespace_works():
+        SHARED_BASE.mkdir(parents=True, exist_ok=True)
+        os.chmod(SHARED_BASE, 0o755)
+        own = Path(tempfile.mkdtemp(prefix=f"{d.parent.name}-", dir=SHARED_BASE))
+        atexit.register(shutil.rmtree, own, True)
+        os.chmod(own, 0o755)
+        d = own / d.name
     d.mkdir(parents=True, exist_ok=True)
     for p in d.parents:
-        if p == Path(tempfile.gettempdir()) or p == p.parent:
+        if p == Path(tempfile.gettempdir()) or p == SHARED_BASE or p == p.parent:
             break
         os.chmod(p, os.stat(p).st_mode | 0o111)
     os.chmod(d, 0o1777)
@@ -66,13 +84,30 @@ def kx(data: Path, *args: str) -> str:
     return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
 
 
-def wait(cond: Callable[[], Any], timeout: float = 120.0, every: float = 0.005) -> None:
-    """Poll a condition with a deadline (a bench measures; it never sleeps to sync)."""
+def wait(
+    cond: Callable[[], Any], timeout: float = 120.0, every: float = 0.005, what: str = ""
+) -> None:
+    """Poll a condition with a deadline (a bench measures; it never sleeps to sync). On
+    timeout the message names the condition (`what`, else the condition's source line), so
+    a bench that gives up says which wait it was."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise SystemExit("bench: timed out waiting")
+            raise SystemExit(
+                f"bench: timed out after {timeout:g} s waiting for {what or _describe(cond)}"
+            )
         time.sleep(every)
+
+
+def _describe(cond: Callable[[], Any]) -> str:
+    """The source of a condition (a lambda's line) and where it is, for a timeout message."""
+    code = getattr(cond, "__code__", None)
+    where = f" ({Path(code.co_filename).name}:{code.co_firstlineno})" if code else ""
+    try:
+        src = " ".join(inspect.getsource(cond).split())
+    except (OSError, TypeError):
+        src = getattr(cond, "__qualname__", repr(cond))
+    return f"{src[:200]}{where}"
 
 
 def pct(xs: Sequence[float], p: float) -> float:
