@@ -278,15 +278,39 @@ def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
         raise WorktreeError(f"checkout {commit} in {dest}: {out.stderr.decode().strip()}")
 
 
+# Up to this many commits, a task's first pack is built in-process (no exec); a longer
+# history is packed by `git pack-objects` instead: walking it in Python parses every
+# commit while holding the GIL, which starved the agent's event loop (a push of 1,000
+# commits of 64 KiB: ~0.5 s of GIL per task start, ADR 0096).
+PACK_IN_PROCESS = 64
+
+
 def _pack_history(bare: Path, commit: str, pack_dir: Path) -> None:
     """Every object reachable from `commit` in the node's repo, as one pack + index in
     `pack_dir` (what `pack-objects --revs` would send; a tree seen once is not walked
-    again)."""
+    again). A short history in-process; past PACK_IN_PROCESS commits, by git."""
     store = pygit2.Repository(str(bare))
     builder = pygit2.PackBuilder(store)
-    for c in store.walk(pygit2.Oid(hex=commit)):
+    walker = store.walk(pygit2.Oid(hex=commit))
+    for n, c in enumerate(walker):
+        if n >= PACK_IN_PROCESS:
+            _pack_by_git(bare, commit, pack_dir)
+            return
         builder.add_recur(c.id)
     builder.write(str(pack_dir))
+
+
+def _pack_by_git(bare: Path, commit: str, pack_dir: Path) -> None:
+    """`git pack-objects --revs` writes the pack and its index into `pack_dir` itself;
+    no delta search (`--window=0`): the pack is read once, on this host."""
+    out = subprocess.run(
+        _node_git(bare, "pack-objects", "--revs", "-q", "--window=0", str(pack_dir / "pack")),
+        input=f"{commit}\n".encode(),
+        capture_output=True,
+        env=_node_env(),
+    )
+    if out.returncode != 0:
+        raise OSError(f"pack-objects {commit}: {out.stderr.decode(errors='replace').strip()}")
 
 
 class SnapshotTooLarge(WorktreeError):
