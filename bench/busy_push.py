@@ -149,7 +149,7 @@ def main() -> None:
         if args.profile:
             fmt = "speedscope" if args.profile.endswith(".json") else "raw"
             spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--format", fmt,
-                                    "--threads", "-o", args.profile, "--rate", "200"])  # fmt: skip
+                                    "--threads", "--nonblocking", "-o", args.profile, "--rate", "100"])  # fmt: skip
         t0 = time.perf_counter()
         with HealthProbe(host, port) as busy, ThreadPoolExecutor(args.pushes) as pool:
             results = list(

@@ -19,7 +19,7 @@ import pytest
 
 from bench.busy_push import HealthProbe, http_bind, push, task_history
 from bench.common import pct
-from kovanex.gitstate.foldchild import FOLD_IN_THREAD
+from kovanex.gitstate.foldchild import FOLD_IN_THREAD, FOLD_IN_THREAD_BYTES
 from kovanex.gitstate.ledger import TaskLedger, task_ref
 from kovanex.gitstate.memory import MemoryStore
 from kovanex.gitstate.pygit2store import Pygit2Store
@@ -100,11 +100,11 @@ def test_a_view_folded_in_the_worker_is_used_without_walking_the_branch() -> Non
     assert TaskLedger(store, node="n1").read("t") == view and store.reads == 200
 
 
-def _history(tmp_path: Path, commits: int) -> tuple[Path, str]:
+def _history(tmp_path: Path, commits: int, message: int = 200) -> tuple[Path, str]:
     """A repo with task/t: `commits` user commits (a valid spec), built by fast-import."""
     repo = tmp_path / "r"
     git("init", "-q", str(repo))
-    task_history(repo, "t", commits, 200)
+    task_history(repo, "t", commits, message)
     return repo / ".git", git("rev-parse", "task/t", cwd=repo).stdout.strip()
 
 
@@ -129,6 +129,12 @@ def test_a_long_pushed_branch_is_folded_in_a_child_process(
     assert len(reads) <= FOLD_IN_THREAD + 1, f"{len(reads)} commits read in the agent"
     here = TaskLedger(Pygit2Store(str(git_dir)), node="n1").view_at("t", tip)
     assert verdict.views["t"] == here and here.tip == tip
+    # few commits, but heavy ones: past FOLD_IN_THREAD_BYTES they go to the child too
+    reads.clear()
+    big_dir, big_tip = _history(tmp_path / "b", 12, 60_000)
+    upd = [RefUpdate(ZERO, big_tip, task_ref("t"))]
+    verdict = check_pre_receive(str(big_dir), None, upd, PushOptions(), fold=True)
+    assert len(reads) * 60_000 <= FOLD_IN_THREAD_BYTES and verdict.views["t"].tip == big_tip
     # a short branch stays in the thread (no Python start for it): same view
     short_dir, short_tip = _history(tmp_path / "s", 5)
     upd = [RefUpdate(ZERO, short_tip, task_ref("t"))]

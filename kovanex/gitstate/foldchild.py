@@ -8,7 +8,7 @@ GIL, and the event loop, which needs the GIL for every callback, waited behind t
 /healthz p99 78 ms on a quiet host. A child (a fresh interpreter, never a fork of the
 agent: it has threads and an event loop) has a GIL of its own; the thread that waits for
 it releases the agent's. The views come back as JSON, one per task: all the agent keeps.
-Up to FOLD_IN_THREAD commits a branch is folded where it is (a Python start would cost
+Up to FOLD_IN_THREAD commits (of FOLD_IN_THREAD_BYTES) a branch is folded where it is (a Python start would cost
 more than the fold).
 """
 
@@ -19,6 +19,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 
 from kovanex.core import task as core
 from kovanex.core.task import TaskView
@@ -27,16 +28,34 @@ from kovanex.gitstate.store import RefStore
 
 log = logging.getLogger("kovanex.pushcheck")
 FOLD_IN_THREAD = 64  # commits; a longer first-parent history is folded in a child
+FOLD_IN_THREAD_BYTES = 256 << 10  # and so is one whose commits weigh more than this
 CHILD_TIMEOUT_S = 120.0
 
 
-def fold_bounded(store: RefStore, task_id: str, tip: str, most: int) -> TaskView | None:
-    """The task's view at `tip` if its first-parent history has at most `most` commits;
-    None (having read `most` + 1 of them) if it is longer."""
-    commits = [(c.oid, transition_of(c.message)) for c in store.walk(tip, most + 1)]
-    if len(commits) > most:
-        return None
+def fold_bounded(
+    store: RefStore, task_id: str, tip: str, most: int, budget: int = FOLD_IN_THREAD_BYTES
+) -> TaskView | None:
+    """The task's view at `tip` if its first-parent history has at most `most` commits
+    and `budget` bytes of them; None, having read no commit past either bound, if not.
+    Sizes come from object headers (nothing inflated) where the store is a git repo."""
+    size = _sizer(store)
+    commits = []
+    oid: str | None = tip
+    while oid is not None:
+        budget -= size(oid)
+        if len(commits) >= most or budget < 0:
+            return None
+        c = store.read_commit(oid)
+        commits.append((c.oid, transition_of(c.message)))
+        oid = c.parents[0] if c.parents else None
     return core.fold(task_id, commits)
+
+
+def _sizer(store: RefStore) -> Callable[[str], int]:
+    odb = getattr(getattr(store, "repo", None), "odb", None)
+    if odb is None:  # an in-memory store: counted by commits only
+        return lambda oid: 0
+    return lambda oid: odb.read_header(oid)[1]
 
 
 def fold_here(git_dir: str, quarantine: str | None, tips: dict[str, str]) -> dict[str, TaskView]:
