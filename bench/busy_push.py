@@ -8,7 +8,7 @@ probe on the idle agent just before, and during the same pushes sent to a plain 
 repo beside it (the agent idle, the host as busy with git: the floor of this host).
 
 Run: .venv/bin/python -m bench.busy_push [--pushes 10] [--commits 1000] [--message 65000]
-[--same-text] [--profile out.raw|out.json]  (py-spy: on PATH or in the venv)
+[--same-text] [--profile out.raw|out.json [--gil]]  (py-spy: on PATH or in the venv)
 """
 
 from __future__ import annotations
@@ -122,6 +122,9 @@ def main() -> None:
         "deltas (a cheaper push for a shared host); the agent still reads every message",
     )
     ap.add_argument("--profile", help="py-spy the agent during the pushes: collapsed stacks here")
+    ap.add_argument(
+        "--gil", action="store_true", help="profile only the thread holding the GIL (py-spy --gil)"
+    )
     args = ap.parse_args()
     install_cleanup()
     tmp = sandbox("kx-busy-")
@@ -149,7 +152,8 @@ def main() -> None:
         if args.profile:
             fmt = "speedscope" if args.profile.endswith(".json") else "raw"
             spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--format", fmt,
-                                    "--threads", "--nonblocking", "-o", args.profile, "--rate", "100"])  # fmt: skip
+                                    "--threads", "--nonblocking", "-o", args.profile, "--rate", "100",
+                                    *(["--gil"] if args.gil else [])])  # fmt: skip
         t0 = time.perf_counter()
         with HealthProbe(host, port) as busy, ThreadPoolExecutor(args.pushes) as pool:
             results = list(
