@@ -183,6 +183,7 @@ def main() -> None:
             print("refused:", f)
     finally:
         stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)  # ten clones of the largest push: GBs
 
 
 if __name__ == "__main__":
