@@ -8,7 +8,7 @@ probe on the idle agent just before, and during the same pushes sent to a plain 
 repo beside it (the agent idle, the host as busy with git: the floor of this host).
 
 Run: .venv/bin/python -m bench.busy_push [--pushes 10] [--commits 1000] [--message 65000]
-[--same-text] [--profile out.raw|out.json]  (py-spy on PATH: pip install py-spy)
+[--same-text] [--profile out.raw|out.json [--gil]]  (py-spy: on PATH or in the venv)
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import secrets
+import shutil
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +98,11 @@ def push(clone: Path, remote: str, task: str) -> subprocess.CompletedProcess[byt
     )
 
 
+def py_spy() -> str:
+    """py-spy on PATH, else the one installed beside this interpreter (the venv's bin)."""
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
 def http_bind(data: Path) -> tuple[str, int]:
     text = (data / "kovanex.toml").read_text()
     bind = text.split("[http]")[1].split('bind = "')[1].split('"')[0]
@@ -115,6 +122,9 @@ def main() -> None:
         "deltas (a cheaper push for a shared host); the agent still reads every message",
     )
     ap.add_argument("--profile", help="py-spy the agent during the pushes: collapsed stacks here")
+    ap.add_argument(
+        "--gil", action="store_true", help="profile only the thread holding the GIL (py-spy --gil)"
+    )
     args = ap.parse_args()
     install_cleanup()
     tmp = sandbox("kx-busy-")
@@ -141,8 +151,9 @@ def main() -> None:
         spy = None
         if args.profile:
             fmt = "speedscope" if args.profile.endswith(".json") else "raw"
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", fmt,
-                                    "--threads", "--idle", "-o", args.profile, "--rate", "200"])  # fmt: skip
+            spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--format", fmt,
+                                    "--threads", "--nonblocking", "-o", args.profile, "--rate", "100",
+                                    *(["--gil"] if args.gil else [])])  # fmt: skip
         t0 = time.perf_counter()
         with HealthProbe(host, port) as busy, ThreadPoolExecutor(args.pushes) as pool:
             results = list(
@@ -172,6 +183,7 @@ def main() -> None:
             print("refused:", f)
     finally:
         stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)  # ten clones of the largest push: GBs
 
 
 if __name__ == "__main__":

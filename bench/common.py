@@ -4,6 +4,7 @@ bench: every process started with `spawn` is stopped on exit, SIGTERM and SIGINT
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import shutil
 import signal
@@ -81,13 +82,30 @@ def kx(data: Path, *args: str) -> str:
     return sh(sys.executable, "-m", "kovanex", "--data", str(data), *args)
 
 
-def wait(cond: Callable[[], Any], timeout: float = 120.0, every: float = 0.005) -> None:
-    """Poll a condition with a deadline (a bench measures; it never sleeps to sync)."""
+def wait(
+    cond: Callable[[], Any], timeout: float = 120.0, every: float = 0.005, what: str = ""
+) -> None:
+    """Poll a condition with a deadline (a bench measures; it never sleeps to sync). On
+    timeout the message names the condition (`what`, else the condition's source line), so
+    a bench that gives up says which wait it was."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise SystemExit("bench: timed out waiting")
+            raise SystemExit(
+                f"bench: timed out after {timeout:g} s waiting for {what or _describe(cond)}"
+            )
         time.sleep(every)
+
+
+def _describe(cond: Callable[[], Any]) -> str:
+    """The source of a condition (a lambda's line) and where it is, for a timeout message."""
+    code = getattr(cond, "__code__", None)
+    where = f" ({Path(code.co_filename).name}:{code.co_firstlineno})" if code else ""
+    try:
+        src = " ".join(inspect.getsource(cond).split())
+    except (OSError, TypeError):
+        src = getattr(cond, "__qualname__", repr(cond))
+    return f"{src[:200]}{where}"
 
 
 def pct(xs: Sequence[float], p: float) -> float:

@@ -15,7 +15,7 @@ from kovanex import pushlimits
 from kovanex import spec as specmod
 from kovanex.coordcfg import ENABLE_HINT, CoordinationConfig
 from kovanex.core import task as taskcore
-from kovanex.gitstate import refs
+from kovanex.gitstate import foldchild, refs
 from kovanex.gitstate.ledger import TaskLedger, task_id_of
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
@@ -189,10 +189,13 @@ def check_pre_receive(
             verdict.messages.append("kovanex: dry-run: spec valid; nothing was written")
         verdict.ok = False
     if fold and verdict.ok:
+        tips = {}
         for u in writes:
             tid = task_id_of(u.ref)
             if tid is not None and u.new != ZERO:
-                verdict.views[tid] = ledger.view_at(tid, u.new)
+                tips[tid] = u.new
+        # a long branch is folded in a child process: its GIL is not the agent's (ADR 0096)
+        verdict.views.update(foldchild.fold_pushed(store, git_dir, quarantine, tips))
     return verdict
 
 

@@ -8,17 +8,25 @@ asserts a bound a loaded 2-core host keeps, and that an old-style stall would br
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pygit2
 import pytest
 
 from bench.busy_push import HealthProbe, http_bind, push, task_history
 from bench.common import pct
+from kovanex.gitstate.foldchild import FOLD_IN_THREAD, FOLD_IN_THREAD_BYTES
 from kovanex.gitstate.ledger import TaskLedger, task_ref
 from kovanex.gitstate.memory import MemoryStore
+from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import EMPTY_TREE
+from kovanex.pushcheck import ZERO, PushOptions, RefUpdate, check_pre_receive
+from kovanex.runner import unitrepo
+from kovanex.runner.unitrepo import PACK_IN_PROCESS
 from tests.agentkit import Node, git, wait_for
 
 PUSHES = 3
@@ -90,3 +98,77 @@ def test_a_view_folded_in_the_worker_is_used_without_walking_the_branch() -> Non
     store.reads = 0
     assert agent.read("t") == view and store.reads == 0
     assert TaskLedger(store, node="n1").read("t") == view and store.reads == 200
+
+
+def _history(tmp_path: Path, commits: int, message: int = 200) -> tuple[Path, str]:
+    """A repo with task/t: `commits` user commits (a valid spec), built by fast-import."""
+    repo = tmp_path / "r"
+    git("init", "-q", str(repo))
+    task_history(repo, "t", commits, message)
+    return repo / ".git", git("rev-parse", "task/t", cwd=repo).stdout.strip()
+
+
+def test_a_long_pushed_branch_is_folded_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0096: pre-receive's fold of a long branch runs in a child (its GIL is not the
+    agent's); this process reads at most FOLD_IN_THREAD + 1 of its commits, and the view
+    is the one a fold here gives. The old code read all 300 in the agent's thread."""
+    git_dir, tip = _history(tmp_path, 300)
+    reads = []
+    real = Pygit2Store.read_commit
+
+    def counted(self: Pygit2Store, oid: str):  # noqa: ANN202 - the real read, counted
+        reads.append(oid)
+        return real(self, oid)
+
+    monkeypatch.setattr(Pygit2Store, "read_commit", counted)
+    upd = [RefUpdate(ZERO, tip, task_ref("t"))]
+    verdict = check_pre_receive(str(git_dir), None, upd, PushOptions(), fold=True)
+    assert verdict.ok, verdict.messages
+    assert len(reads) <= FOLD_IN_THREAD + 1, f"{len(reads)} commits read in the agent"
+    here = TaskLedger(Pygit2Store(str(git_dir)), node="n1").view_at("t", tip)
+    assert verdict.views["t"] == here and here.tip == tip
+    # few commits, but heavy ones: past FOLD_IN_THREAD_BYTES they go to the child too
+    reads.clear()
+    big_dir, big_tip = _history(tmp_path / "b", 12, 60_000)
+    upd = [RefUpdate(ZERO, big_tip, task_ref("t"))]
+    verdict = check_pre_receive(str(big_dir), None, upd, PushOptions(), fold=True)
+    assert len(reads) * 60_000 <= FOLD_IN_THREAD_BYTES and verdict.views["t"].tip == big_tip
+    # a short branch stays in the thread (no Python start for it): same view
+    short_dir, short_tip = _history(tmp_path / "s", 5)
+    upd = [RefUpdate(ZERO, short_tip, task_ref("t"))]
+    verdict = check_pre_receive(str(short_dir), None, upd, PushOptions(), fold=True)
+    assert verdict.views["t"].tip == short_tip and verdict.views["t"].state == "submitted"
+
+
+def test_a_long_history_is_packed_by_git_and_holds_only_what_the_commit_reaches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0096: a task's first pack of a long history is made by `git pack-objects`
+    (the agent's thread no longer walks it holding the GIL); the pack holds the whole
+    history and nothing another branch alone reaches. The node's git is the real one
+    behind a wrapper that records each run."""
+    calls = tmp_path / "calls"
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    real = shutil.which("git")
+    (wrap / "git").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real} "$@"\n')
+    (wrap / "git").chmod(0o755)
+    repo = tmp_path / "r"
+    git("init", "-q", str(repo))
+    task_history(repo, "long", PACK_IN_PROCESS + 36, 100)
+    task_history(repo, "other", 3, 100)
+    secret = git("rev-parse", "task/other", cwd=repo).stdout.strip()
+    tip = git("rev-parse", "task/long", cwd=repo).stdout.strip()
+    monkeypatch.setenv("PATH", f"{wrap}:{os.environ['PATH']}")
+    for name, commit, packed_by_git in (("a", tip, True), ("b", secret, False)):
+        calls.write_text("")
+        dest = tmp_path / name
+        pygit2.init_repository(str(dest), bare=True)
+        unitrepo._pack_history(repo / ".git", commit, dest / "objects" / "pack")
+        assert ("pack-objects" in calls.read_text()) == packed_by_git, calls.read_text()
+        count = git("--git-dir", str(dest), "rev-list", "--count", commit).stdout.strip()
+        assert int(count) == (PACK_IN_PROCESS + 36 if packed_by_git else 3)
+        git("--git-dir", str(dest), "fsck", "--no-dangling", "--connectivity-only")
+    assert git("--git-dir", str(tmp_path / "a"), "cat-file", "-e", secret, check=False).returncode
