@@ -87,7 +87,7 @@ def seed_profile_join(n: int, seed: int) -> float:
     newcomer = names[-1]
     c.crash(newcomer)
     for nd in c.up_nodes():  # forget it entirely, as if it had never been there
-        nd.core._remove(newcomer)
+        nd.core.table.remove(newcomer)
     t0 = c.loop.now
     c.restart(newcomer, join=[names[0]])
 

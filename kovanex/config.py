@@ -1,21 +1,60 @@
-"""Node configuration (`kovanex.toml`) and the node data-dir layout.
+"""Node configuration: `kovanex.toml` read, checked and written, and its small parsers.
 
-The data dir is the whole of a node's local state: its bare repos, worktrees,
-live logs and runtime files. Everything that matters beyond a restart is in the
-repos themselves; the rest can be rebuilt.
+The data dir's layout lives in `datadir.py`, the cluster token in `clustertoken.py`;
+their names are re-exported here because most callers reach all three through
+`from kovanex import config as cfgmod`, and one import keeps those call sites as they
+were.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from secrets import token_hex
 from typing import TYPE_CHECKING, Any
+
+from kovanex.clustertoken import (
+    GOSSIP_KEY_LEN,
+    derive_gossip_key,
+    gossip_key,
+    make_join_value,
+    new_join_value,
+    read_join_value,
+    read_token,
+    split_join_value,
+    write_token,
+)
+from kovanex.datadir import ConfigError, Layout, data_dir, no_node, node_id
+from kovanex.tomlwrite import toml_array, toml_inline, toml_quote, toml_value
+
+__all__ = [
+    "GOSSIP_BIND",
+    "GOSSIP_KEY_LEN",
+    "GOSSIP_PORT",
+    "LOG_FORMATS",
+    "NAME_RE",
+    "ROLES",
+    "ConfigError",
+    "Layout",
+    "NodeConfig",
+    "data_dir",
+    "derive_gossip_key",
+    "gossip_key",
+    "http_url",
+    "load",
+    "make_join_value",
+    "new_join_value",
+    "no_node",
+    "node_id",
+    "parse_addr",
+    "parse_duration",
+    "parse_labels",
+    "read_join_value",
+    "read_token",
+    "save",
+    "split_join_value",
+    "write_token",
+]
 
 if TYPE_CHECKING:  # loaded with a node's config only: every CLI start reads this module
     from kovanex.coordcfg import CoordinationConfig
@@ -27,96 +66,8 @@ LOG_FORMATS = ("text", "json")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-class ConfigError(Exception):
-    """A bad or missing node config; the message says what to run next."""
-
-
-def data_dir(arg: str | None) -> Path:
-    """`--data` beats `$KOVANEX_HOME`, which beats `~/.kovanex` (issue 2 contract)."""
-    raw = arg or os.environ.get("KOVANEX_HOME") or "~/.kovanex"
-    return Path(raw).expanduser().resolve()
-
-
 GOSSIP_PORT = 7946  # Serf's and memberlist's port, so a firewall rule reads familiar
 GOSSIP_BIND = f"127.0.0.1:{GOSSIP_PORT}"
-
-
-@dataclass
-class Layout:
-    root: Path
-
-    @property
-    def config(self) -> Path:
-        return self.root / "kovanex.toml"
-
-    @property
-    def repos(self) -> Path:
-        return self.root / "repos"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def run(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def hook_endpoint(self) -> Path:
-        """`<port> <token>`: where hooks reach the agent (see docs/decisions/0006)."""
-        return self.run / "hook"
-
-    @property
-    def control_socket(self) -> Path:
-        return self.run / "agent.sock"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.run / "agent.pid"
-
-    @property
-    def agent_log(self) -> Path:
-        return self.root / "agent.log"
-
-    @property
-    def token_file(self) -> Path:
-        return self.root / "secrets" / "cluster.token"
-
-    @property
-    def tokens_file(self) -> Path:
-        """User token records (digests only): kovanex/tokens.py."""
-        return self.root / "secrets" / "tokens.json"
-
-    @property
-    def local_token_file(self) -> Path:
-        """The admin token `local@<node>` that `kovanex credential` hands to git."""
-        return self.root / "secrets" / "local.token"
-
-    @property
-    def cordon_file(self) -> Path:
-        """Present while the node is cordoned: a cordon outlives a restart, as Nomad's
-        node eligibility does (an operator drained it for a reason)."""
-        return self.root / "cordon.json"
-
-    def repo(self, name: str) -> Path:
-        return self.repos / f"{name}.git"
-
-    @property
-    def upkeep_file(self) -> Path:
-        """When each repo was last archived and maintained (agent/upkeep.py)."""
-        return self.root / "upkeep.json"
-
-    def step_log(self, repo: str, task: str, index: int, step: str) -> Path:
-        return self.logs / repo / task / f"{index}-{step}.log"
-
-    @property
-    def node_id_file(self) -> Path:
-        """This node's identity on the host: random, made once, kept with the data dir."""
-        return self.root / "node.id"
 
 
 def _default(section: str) -> Any:
@@ -190,49 +141,51 @@ class NodeConfig:
         lines = [
             "# Kovanex node configuration. `kovanex init` wrote it; edit freely.",
             "[node]",
-            f"name = {_q(self.name)}",
-            f"role = {_q(self.role)}",
-            f"labels = {_inline(self.labels)}",
-            f"capabilities = {_list(self.capabilities)}",
+            f"name = {toml_quote(self.name)}",
+            f"role = {toml_quote(self.role)}",
+            f"labels = {toml_inline(self.labels)}",
+            f"capabilities = {toml_array(self.capabilities)}",
             f"runner_slots = {self.runner_slots}",
             "",
             "[gossip]",
-            f"bind = {_q(self.gossip_bind)}",
-            f"profile = {_q(self.gossip_profile)}",
-            f"label = {_q(self.gossip_label)}",
-            f"join = {_list(self.join)}",
+            f"bind = {toml_quote(self.gossip_bind)}",
+            f"profile = {toml_quote(self.gossip_profile)}",
+            f"label = {toml_quote(self.gossip_label)}",
+            f"join = {toml_array(self.join)}",
         ]
         if self.insecure_gossip:
             lines.append("insecure = true  # plaintext gossip: anyone on the network can join")
         if self.gossip_overrides:
             lines += ["", "[gossip.overrides]"]
-            lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.gossip_overrides.items())]
-        lines += ["", "[http]", f"bind = {_q(self.http_bind)}"]
-        lines += ["", "[scheduler]", f"strategy = {_q(self.strategy)}"]
+            lines += [f"{k} = {toml_value(v)}" for k, v in sorted(self.gossip_overrides.items())]
+        lines += ["", "[http]", f"bind = {toml_quote(self.http_bind)}"]
+        lines += ["", "[scheduler]", f"strategy = {toml_quote(self.strategy)}"]
         if self.event_handlers:
             lines += ["", "[event_handlers]"]
-            lines += [f"{_q(k)} = {_q(v)}" for k, v in sorted(self.event_handlers.items())]
-        lines += ["", "[units]", f"mode = {_q(self.units_mode)}"]
-        lines += [f"root = {_q(self.units_root)}", f"uid_base = {self.units_uid_base}"]
+            lines += [
+                f"{toml_quote(k)} = {toml_quote(v)}" for k, v in sorted(self.event_handlers.items())
+            ]
+        lines += ["", "[units]", f"mode = {toml_quote(self.units_mode)}"]
+        lines += [f"root = {toml_quote(self.units_root)}", f"uid_base = {self.units_uid_base}"]
         lines += [f"pids_max = {self.units_pids_max}", f"snapshot_mb = {self.units_snapshot_mb}"]
         lines += [f"memory_mb = {self.units_memory_mb}  # 0: the node's memory / runner_slots"]
-        lines += [f"egress = {_scalar(self.units_egress)}  # all | none | list: see ADR 0076"]
+        lines += [f"egress = {toml_value(self.units_egress)}  # all | none | list: see ADR 0076"]
         lines += [f"disk_mb = {self.units_disk_mb}  # per task: work dir, HOME and tmp"]
         if (self.archive_after, self.maintenance_every) != ("7d", "1h"):
-            lines += ["", "[maintenance]", f"archive_after = {_q(self.archive_after)}"]
-            lines += [f"every = {_q(self.maintenance_every)}"]
+            lines += ["", "[maintenance]", f"archive_after = {toml_quote(self.archive_after)}"]
+            lines += [f"every = {toml_quote(self.maintenance_every)}"]
         if self.limits.changed():
             lines += ["", "[limits]"]
             lines += [f"{k} = {v}" for k, v in sorted(self.limits.changed().items())]
         if self.scaling.changed():
             lines += ["", "[scaling]"]
-            lines += [f"{k} = {_scalar(v)}" for k, v in sorted(self.scaling.changed().items())]
+            lines += [f"{k} = {toml_value(v)}" for k, v in sorted(self.scaling.changed().items())]
         if self.log_format != "text":
-            lines += ["", "[log]", f"format = {_q(self.log_format)}"]
+            lines += ["", "[log]", f"format = {toml_quote(self.log_format)}"]
         lines += self.coordination.to_lines()
         for m in self.modules:
             lines += ["", "[[modules]]"]
-            lines += [f"{k} = {_scalar(v)}" for k, v in m.items()]
+            lines += [f"{k} = {toml_value(v)}" for k, v in m.items()]
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -367,48 +320,12 @@ def _scaling(table: Any, path: str) -> ScalingPolicy:
         raise ConfigError(f"{path}: {e}") from e
 
 
-def no_node(layout: Layout, addr_hint: bool = False) -> str:
-    """What every verb says when `--data` names no node (`addr_hint`: the verb takes
-    `--addr`, so an agent elsewhere would do too)."""
-    hint = ", or pass --addr http://HOST:PORT of a node's agent" if addr_hint else ""
-    return (
-        f"no node at {layout.root} (missing kovanex.toml); "
-        f"run `kovanex init --data {layout.root} --name NAME` first{hint}"
-    )
-
-
 def load(layout: Layout) -> NodeConfig:
     if not layout.config.exists():
         raise ConfigError(no_node(layout))
     cfg = NodeConfig.from_toml(layout.config.read_text(), str(layout.config))
     cfg.node_id = node_id(layout)
     return cfg
-
-
-_NODE_ID = re.compile(r"^[0-9a-f]{16}$")
-
-
-def node_id(layout: Layout) -> str:
-    """The data dir's node id, made at first use (init, or the first load of an older
-    node). Written aside, then linked into place: a racing load sees no file or a whole
-    one, and the first link wins."""
-    path = layout.node_id_file
-    if not path.exists():
-        tmp = path.with_name(f"node.id.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(token_hex(8) + "\n")
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-        except OSError:
-            return ""  # a read-only view of a node: keyed by name, as before
-    text = path.read_text().strip()
-    if not _NODE_ID.match(text):
-        raise ConfigError(f"{path} holds {text[:40]!r}, not a node id; delete it to make one")
-    return text
 
 
 def save(layout: Layout, cfg: NodeConfig) -> None:
@@ -445,112 +362,6 @@ def parse_addr(text: str, default_port: int = GOSSIP_PORT) -> tuple[str, int]:
         return host or "127.0.0.1", int(port)
     except ValueError as e:
         raise ConfigError(f"address {text!r} is not HOST:PORT") from e
-
-
-def _q(s: str) -> str:
-    """A TOML basic string: JSON's escapes (quotes, backslashes, newlines) are TOML's too."""
-    return json.dumps(s, ensure_ascii=False)
-
-
-def _scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list):
-        return _list(v)
-    if isinstance(v, dict):
-        return _inline(v)
-    return _q(str(v))
-
-
-def _list(items: list[Any]) -> str:
-    return "[" + ", ".join(_scalar(i) for i in items) + "]"
-
-
-def _inline(d: dict[str, Any]) -> str:
-    if not d:
-        return "{}"
-    return "{ " + ", ".join(f"{_q(k)} = {_scalar(v)}" for k, v in sorted(d.items())) + " }"
-
-
-def write_token(layout: Layout, token: str) -> None:
-    """The cluster token guards git-over-HTTP and the API; every node shares it (0600)."""
-    layout.token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = layout.token_file.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token.strip() + "\n")
-    os.replace(tmp, layout.token_file)
-
-
-# The join value is `<secret>.<gossip key>`: one string carries both, so a joiner needs
-# one thing from the first node. The key is 32 bytes, urlsafe base64 without padding.
-GOSSIP_KEY_LEN = 32
-_KEY_B64_LEN = 43
-_HKDF_INFO = b"kovanex gossip key v1"
-
-
-def _b64url(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def make_join_value(secret: str, key: bytes) -> str:
-    """The whole `--token` value: the cluster secret and the gossip key together."""
-    if len(key) != GOSSIP_KEY_LEN:
-        raise ValueError(f"gossip key must be {GOSSIP_KEY_LEN} bytes, got {len(key)}")
-    return f"{secret}.{_b64url(key)}"
-
-
-def split_join_value(value: str) -> tuple[str, bytes]:
-    """(secret, gossip key). A legacy bare value (no valid key suffix) derives its key
-    with HKDF-SHA256, so every node given the same value still shares one key."""
-    value = value.strip()
-    if not value:
-        raise ConfigError("the cluster token is empty; pass the value `kovanex init` printed")
-    secret, sep, tail = value.rpartition(".")
-    if sep and secret and len(tail) == _KEY_B64_LEN:
-        try:
-            raw = base64.urlsafe_b64decode(tail + "=")
-        except (binascii.Error, ValueError):
-            raw = b""
-        if len(raw) == GOSSIP_KEY_LEN and _b64url(raw) == tail:
-            return secret, raw
-    return value, derive_gossip_key(value)
-
-
-def derive_gossip_key(secret: str) -> bytes:
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=GOSSIP_KEY_LEN, salt=None, info=_HKDF_INFO)
-    return hkdf.derive(secret.encode())
-
-
-def new_join_value() -> str:
-    """A fresh cluster: 16 random bytes of secret (hex) and a random 32-byte gossip key."""
-    import secrets
-
-    return make_join_value(secrets.token_hex(16), secrets.token_bytes(GOSSIP_KEY_LEN))
-
-
-def read_join_value(layout: Layout) -> str:
-    """The whole value in `secrets/cluster.token`, as `--token` takes it."""
-    try:
-        return layout.token_file.read_text().strip()
-    except FileNotFoundError as e:
-        raise ConfigError(
-            f"no cluster token at {layout.token_file}; re-run `kovanex init --force --token T`"
-        ) from e
-
-
-def read_token(layout: Layout) -> str:
-    """Only the cluster secret (HTTP auth between nodes); never the gossip key."""
-    return split_join_value(read_join_value(layout))[0]
-
-
-def gossip_key(layout: Layout) -> bytes:
-    return split_join_value(read_join_value(layout))[1]
 
 
 def http_url(cfg: NodeConfig) -> str:

@@ -424,14 +424,14 @@ def environment(name: str, after: str = "", *, gates: Any = (), **settings: Any)
 
 def environments_toml(*envs: dict[str, Any]) -> str:
     """The file's text, so each test states only what its chain is, not its TOML."""
-    from kovanex.config import _scalar
+    from kovanex.tomlwrite import toml_value
 
     def value(v: Any) -> str:
         if isinstance(v, dict):
             return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
-        return _scalar(v)
+        return toml_value(v)
 
     tables = ["[[environments]]\n" + "".join(f"{k} = {value(v)}\n" for k, v in e.items())
               for e in envs]  # fmt: skip

@@ -409,7 +409,7 @@ def test_core_asks_for_one_wakeup_at_its_earliest_deadline() -> None:
     a = Membership("a", A, profile("lan"), random.Random(3))
     fx = a.start(0.0)
     timers = [e for e in fx if isinstance(e, SetTimer)]
-    assert len(timers) == 1 and timers[0].at == min(h[0] for h in a._heap)
+    assert len(timers) == 1 and timers[0].at == a.deadlines.earliest()
 
 
 def test_a_wakeup_that_fires_early_is_re_armed() -> None:

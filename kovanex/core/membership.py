@@ -1,23 +1,25 @@
 """SWIM membership with Lifeguard, as a pure core (memberlist state.go + net.go logic).
 
-`Membership` owns the member table, the probe cycle (ping, ping-req, nack),
-suspicion/refutation with incarnations, gossip piggybacking, push-pull sync,
-leave/force-leave, reaping with tombstones, and the application key/value
-channel. It never does I/O: `handle(now, event)` and `tick(now)` return
-effects (Send, SendStream, SetTimer, Publish) that a shell or the simulator
-executes. All its internal deadlines live in one heap; it asks for a single
-wake-up via `SetTimer("gossip", at)` whenever the earliest deadline changes.
+`Membership` owns the member states and their merge rules: suspicion/refutation with
+incarnations, gossip piggybacking, push-pull sync, leave/force-leave and reaping with
+tombstones. It is built from small parts it gives their collaborators: the member
+table (`member_table.py`), the probe cycle (`probe.py`: ping, ping-req, nack), the
+application key/value channel (`app_channel.py`) and one deadline heap
+(`deadlines.py`). It never does I/O: `handle(now, event)` and `tick(now)` return
+effects (Send, SendStream, SetTimer, Publish) that a shell or the simulator executes.
+It asks for a single wake-up via `SetTimer("gossip", at)` whenever the earliest
+deadline changes.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-from kovanex.core.awareness import Awareness, nack_delta
+from kovanex.core.app_channel import AppChannel
+from kovanex.core.awareness import Awareness
 from kovanex.core.broadcast import BroadcastQueue, retransmit_limit
+from kovanex.core.deadlines import Deadlines
 from kovanex.core.effects import Addr, Publish, Send, SendStream, SetTimer
 from kovanex.core.gossip_msgs import (
     ALIVE,
@@ -40,6 +42,8 @@ from kovanex.core.gossip_msgs import (
     encoded_size,
 )
 from kovanex.core.gossip_profiles import Profile
+from kovanex.core.member_table import Member, MemberTable
+from kovanex.core.probe import Counters, Prober
 from kovanex.core.rng import Rng
 from kovanex.core.suspicion import Suspicion, suspicion_timeout
 
@@ -52,49 +56,6 @@ MEMBER_JOIN, MEMBER_LEAVE, MEMBER_FAILED, MEMBER_UPDATE = (
     "member-update",
 )
 MAX_NAME = 64
-
-
-@dataclass(slots=True)
-class Member:
-    name: str
-    addr: Addr
-    incarnation: int
-    status: str
-    meta: dict[str, Any]
-    changed: float = 0.0
-    suspicion: Suspicion | None = None
-
-    def state(self) -> MemberState:
-        return MemberState(self.name, self.addr, self.incarnation, self.status, self.meta)
-
-
-@dataclass(slots=True)
-class _Probe:
-    seq: int
-    target: str
-    acked: bool = False
-    expected_nacks: int = 0
-    nacks: int = 0
-
-
-@dataclass(slots=True)
-class _Relay:
-    requester: Addr
-    seq: int
-    nack: bool
-
-
-@dataclass(slots=True)
-class Counters:
-    """What the core did, for stats and the benches."""
-
-    probes: int = 0
-    failed_probes: int = 0
-    suspects_started: int = 0
-    deaths_declared: int = 0
-    refutes: int = 0
-    late_probes: int = 0  # probes left unjudged: this node ran too late to read their ack
-    sent: dict[str, int] = field(default_factory=dict)
 
 
 class Membership:
@@ -117,28 +78,22 @@ class Membership:
         self.awareness = Awareness(prof.awareness_max, enabled=prof.lifeguard)
         self.me = Member(name, addr, 0, ALIVE, dict(meta or {}))
         self._check_meta(self.me.meta)
-        self.members: dict[str, Member] = {name: self.me}
-        self._names: list[str] = []  # every member but me, for O(1) random picks
-        self._live = 1
-        self._dead: set[str] = set()  # names currently DEAD (reconnect candidates)
-        self.tombstones: dict[str, tuple[int, float, str]] = {}  # name -> (inc, since, status)
-        self.app: dict[tuple[str, str], AppData] = {}
-        self._app_gone: dict[tuple[str, str], float] = {}  # value None: a tombstone, since
-        self._app_clock = 0
+        self.table = MemberTable(self.me, rng, prof.gossip_to_the_dead)
+        self.members = self.table.members  # the same dicts, never rebound: read them freely
+        self.tombstones = self.table.tombstones
+        self.channel = AppChannel()
+        self.app = self.channel.values
         self.mq = BroadcastQueue()
-        self.aq = BroadcastQueue()
-        self._heap: list[tuple[float, int, str, Any]] = []
+        self.aq = self.channel.queue
+        self.deadlines = Deadlines()
         self._late = 0.0  # how late the timer being run fired (its due time to `now`)
-        self._hseq = 0
         self._asked: float | None = None
-        self._seq = 0
-        self._probe: _Probe | None = None
-        self._order: list[str] = []
-        self._order_i = 0
-        self._relays: dict[int, _Relay] = {}
+        self.counters = Counters()
+        self.prober = Prober(
+            name, addr, prof, self.table, self.awareness, self.deadlines, self.counters
+        )
         self.leaving = False
         self.started = False
-        self.counters = Counters()
 
     # ----------------------------------------------------------------- API
     def start(self, now: float) -> list[Effect]:
@@ -146,12 +101,12 @@ class Membership:
         self.started = True
         self.me.changed = now
         self._queue_alive()
-        p = self.p
-        self._at(now + self.rng.uniform(0, p.probe_interval), "probe")
-        self._at(now + self.rng.uniform(0, p.gossip_interval), "gossip")
-        self._at(now + self.rng.uniform(0.5, 1.0) * self._push_pull_every(), "pushpull")
-        self._at(now + self._reap_every(), "reap")
-        self._at(now + self.rng.uniform(0.5, 1.0) * p.reconnect_interval, "reconnect")
+        p, at = self.p, self.deadlines.at
+        at(now + self.rng.uniform(0, p.probe_interval), "probe")
+        at(now + self.rng.uniform(0, p.gossip_interval), "gossip")
+        at(now + self.rng.uniform(0.5, 1.0) * self._push_pull_every(), "pushpull")
+        at(now + self._reap_every(), "reap")
+        at(now + self.rng.uniform(0.5, 1.0) * p.reconnect_interval, "reconnect")
         return self._finish([])
 
     def join(self, now: float, addrs: list[Addr]) -> list[Effect]:
@@ -163,10 +118,10 @@ class Membership:
         """Graceful leave: broadcast Dead(me, source=me) and stop probing."""
         self.leaving = True
         d = Dead(self.name, self.me.incarnation, self.name)
-        self._set_status(self.me, LEFT, now)
+        self.table.set_status(self.me, LEFT, now)
         self._queue(d, "m:" + self.name)
         fx: list[Effect] = []
-        for m in self._pick(self.p.fanout * 2, live_only=True):
+        for m in self.table.pick(self.p.fanout * 2, live_only=True):
             fx.append(self._send(m.addr, []))  # the queued Dead rides first
         return self._finish(fx)
 
@@ -192,16 +147,8 @@ class Membership:
 
     def publish(self, now: float, topic: str, key: str, value: Any) -> list[Effect]:
         """Set (topic, key) = value cluster-wide; last writer wins by (version, origin).
-        A None value is a tombstone: it spreads like a value, then is reaped after
-        `tombstone_ttl`, so keys of finished work do not pile up forever."""
-        old = self.app.get((topic, key))
-        self._app_clock = max(self._app_clock, old.version if old else 0) + 1
-        entry = AppData(topic, key, value, self.name, self._app_clock)
-        size = encoded_size(entry)
-        if size > self.p.packet_budget // 2:
-            raise ValueError(f"app value too large for one packet ({size} bytes)")
-        self.app[(topic, key)] = entry
-        self.aq.queue(entry, size, f"a:{topic}:{key}")
+        A None value is a tombstone (app_channel.py)."""
+        entry = self.channel.write(topic, key, value, self.name, self.p.packet_budget // 2)
         return self._finish([Publish(topic, entry)])
 
     def handle(self, now: float, event: Received | StreamReceived) -> list[Effect]:
@@ -217,9 +164,8 @@ class Membership:
     def tick(self, now: float) -> list[Effect]:
         """Run every internal deadline that is due."""
         fx: list[Effect] = []
-        h = self._heap
-        while h and h[0][0] <= now:
-            at, _, kind, arg = heapq.heappop(h)
+        while (due := self.deadlines.pop_due(now)) is not None:
+            at, kind, arg = due
             self._late = now - at
             getattr(self, "_t_" + kind)(now, arg, fx)
         self._late = 0.0
@@ -228,20 +174,13 @@ class Membership:
 
     def preload(self, now: float, states: list[MemberState]) -> None:
         """Install known members without gossip or events (simulator bootstrap)."""
-        members, names = self.members, self._names
-        for s in states:
-            if s.name not in members:
-                members[s.name] = Member(s.name, s.addr, s.incarnation, s.status, s.meta, now)
-                names.append(s.name)
-                self._live += s.status in (ALIVE, SUSPECT)
-                if s.status == DEAD:
-                    self._dead.add(s.name)
+        self.table.preload(now, states)
 
     def member_list(self) -> list[MemberState]:
         return [m.state() for m in self.members.values()]
 
     def live_count(self) -> int:
-        return self._live
+        return self.table.live
 
     def pending_broadcasts(self) -> int:
         return len(self.mq) + len(self.aq)
@@ -255,19 +194,12 @@ class Membership:
     def _reap_every(self) -> float:
         return max(1.0, min(self.p.dead_reap, self.p.left_reap) / 4)
 
-    def _at(self, at: float, kind: str, arg: Any = None) -> None:
-        self._hseq += 1
-        heapq.heappush(self._heap, (at, self._hseq, kind, arg))
-
     def _finish(self, fx: list[Effect]) -> list[Effect]:
-        if self._heap and self._heap[0][0] != self._asked:
-            self._asked = self._heap[0][0]
-            fx.append(SetTimer(TIMER_KEY, self._asked))
+        earliest = self.deadlines.earliest()
+        if earliest is not None and earliest != self._asked:
+            self._asked = earliest
+            fx.append(SetTimer(TIMER_KEY, earliest))
         return fx
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
 
     def _queue(self, msg: Msg, name: str | None) -> None:
         self.mq.queue(msg, encoded_size(msg), name)
@@ -276,22 +208,9 @@ class Membership:
         m = self.me
         self._queue(Alive(m.name, m.addr, m.incarnation, m.meta), "m:" + m.name)
 
-    def _set_status(self, m: Member, status: str, now: float) -> None:
-        was_live = m.status in (ALIVE, SUSPECT)
-        is_live = status in (ALIVE, SUSPECT)
-        self._live += is_live - was_live
-        m.status = status
-        m.changed = now
-        if status == DEAD:
-            self._dead.add(m.name)
-        else:
-            self._dead.discard(m.name)
-        if status != SUSPECT:
-            m.suspicion = None
-
     def _piggyback(self, budget: int) -> list[Msg]:
         """Fill `budget` bytes; app data gets a reserved share when queued (memberlist #299)."""
-        limit = retransmit_limit(self.p.retransmit_mult, self._live)
+        limit = retransmit_limit(self.p.retransmit_mult, self.table.live)
         if len(self.aq) == 0:
             return self.mq.take(budget, limit)[0]
         if len(self.mq) == 0:
@@ -306,127 +225,39 @@ class Membership:
         msgs = primary + self._piggyback(budget) if budget > 16 else primary
         return Send(addr, tuple(msgs))
 
-    def _pick(self, k: int, live_only: bool, now: float = 0.0, exclude: str = "") -> list[Member]:
-        """Up to k distinct random members other than me (rejection sampling, O(k))."""
-        names = self._names
-        if not names or k <= 0:
-            return []
-        out: dict[str, Member] = {}
-        tries = 0
-        while len(out) < k and tries < 4 * k + 8:
-            tries += 1
-            m = self.members[names[self.rng.randrange(len(names))]]
-            if m.name in out or m.name == exclude:
-                continue
-            if m.status in (ALIVE, SUSPECT) or (
-                not live_only and m.status == DEAD and now - m.changed < self.p.gossip_to_the_dead
-            ):
-                out[m.name] = m
-        return list(out.values())
-
-    def _add(self, m: Member) -> None:
-        self.members[m.name] = m
-        self._names.append(m.name)
-        if m.status in (ALIVE, SUSPECT):
-            self._live += 1
-        elif m.status == DEAD:
-            self._dead.add(m.name)
-
-    def _remove(self, name: str) -> None:
-        m = self.members.pop(name)
-        self._dead.discard(name)
-        if m.status in (ALIVE, SUSPECT):
-            self._live -= 1
-        i = self._names.index(name)
-        self._names[i] = self._names[-1]
-        self._names.pop()
-
     def _pushpull(self, join: bool, reply: bool) -> PushPull:
-        states = [m.state() for m in self.members.values()]
-        states += [MemberState(n, ("", 0), i, st, {}) for n, (i, _, st) in self.tombstones.items()]
-        return PushPull(self.name, self.addr, join, reply, tuple(states), tuple(self.app.values()))
+        states = tuple(self.table.states())
+        return PushPull(self.name, self.addr, join, reply, states, tuple(self.app.values()))
 
     # ------------------------------------------------------------ timers
     def _t_probe(self, now: float, _: Any, fx: list[Effect]) -> None:
-        self._finish_probe(now, fx)
-        self._at(now + self.awareness.scale(self.p.probe_interval), "probe")
+        self._judge_probe(now, fx)
+        self.deadlines.at(now + self.awareness.scale(self.p.probe_interval), "probe")
         if self.leaving:
             return
-        target = self._next_target()
-        if target is None:
-            return
-        seq = self._next_seq()
-        self._probe = _Probe(seq, target.name)
-        self.counters.probes += 1
-        msgs: list[Msg] = []
-        if target.status == SUSPECT and self.p.lifeguard:
-            msgs.append(Suspect(target.name, target.incarnation, self.name))  # buddy system
-        msgs.append(Ping(seq, target.name, self.name, self.addr))
-        fx.append(self._send(target.addr, msgs))
-        self._at(now + self.awareness.scale(self.p.probe_timeout), "probe_timeout", seq)
+        out = self.prober.probe(now)
+        if out is not None:
+            fx.append(self._send(*out))
 
-    def _next_target(self) -> Member | None:
-        for _ in range(2):
-            while self._order_i < len(self._order):
-                m = self.members.get(self._order[self._order_i])
-                self._order_i += 1
-                if m is not None and m.status in (ALIVE, SUSPECT):
-                    return m
-            self._order = list(self._names)
-            self.rng.shuffle(self._order)
-            self._order_i = 0
-        return None
-
-    def _t_probe_timeout(self, now: float, seq: int, fx: list[Effect]) -> None:
-        pr = self._probe
-        if pr is None or pr.seq != seq or pr.acked:
-            return
-        target = self.members.get(pr.target)
-        if target is None:
-            return
-        helpers = self._pick(self.p.indirect_checks, True, exclude=pr.target)
-        pr.expected_nacks = len(helpers)
-        for h in helpers:
-            req = PingReq(seq, target.name, target.addr, self.name, self.addr, True)
-            fx.append(self._send(h.addr, [req]))
-
-    def _finish_probe(self, now: float, fx: list[Effect]) -> None:
-        pr, self._probe = self._probe, None
-        if pr is None:
-            return
-        if pr.acked:
-            self.awareness.apply_delta(-1)
-            return
-        if self.p.lifeguard and self._late > self.p.probe_timeout:
-            # This node ran late (a busy event loop): the ack may be waiting unread in the
-            # socket, and the shell runs due timers before it reads packets. Lifeguard: the
-            # slow one is us, so back off (awareness up) and accuse nobody.
-            self.counters.late_probes += 1
-            self.awareness.apply_delta(1)
-            return
-        self.counters.failed_probes += 1
-        self.awareness.apply_delta(nack_delta(pr.expected_nacks, pr.nacks))
-        m = self.members.get(pr.target)
-        if m is not None and m.status in (ALIVE, SUSPECT):
-            # On a member already suspected this is an independent confirmation (Lifeguard).
+    def _judge_probe(self, now: float, fx: list[Effect]) -> None:
+        m = self.prober.finish(self._late)
+        if m is not None:
             self._on_suspect(now, Suspect(m.name, m.incarnation, self.name), fx)
 
-    def _nack_after(self) -> float:
-        """A helper's nack must reach the prober before its probe period ends, or Lifeguard
-        would blame the prober's own health for a target that is really gone."""
-        p = self.p
-        return min(p.probe_timeout, 0.8 * (p.probe_interval - p.probe_timeout))
+    def _t_probe_timeout(self, now: float, seq: int, fx: list[Effect]) -> None:
+        for addr, msgs in self.prober.timeout(seq):
+            fx.append(self._send(addr, msgs))
 
     def _t_relay_timeout(self, now: float, seq: int, fx: list[Effect]) -> None:
-        r = self._relays.pop(seq, None)
-        if r is not None and r.nack:
-            fx.append(self._send(r.requester, [Nack(r.seq, self.name)]))
+        out = self.prober.relay_timeout(seq)
+        if out is not None:
+            fx.append(self._send(*out))
 
     def _t_gossip(self, now: float, _: Any, fx: list[Effect]) -> None:
-        self._at(now + self.p.gossip_interval, "gossip")
+        self.deadlines.at(now + self.p.gossip_interval, "gossip")
         if self.pending_broadcasts() == 0:
             return
-        for m in self._pick(self.p.fanout, live_only=False, now=now):
+        for m in self.table.pick(self.p.fanout, live_only=False, now=now):
             msgs = self._piggyback(self.p.packet_budget)
             if not msgs:
                 break
@@ -434,25 +265,26 @@ class Membership:
 
     def _push_pull_every(self) -> float:
         """memberlist's pushPullScale: full syncs get rarer beyond 32 members."""
-        n = self._live
+        n = self.table.live
         scale = 1 if n <= 32 else math.ceil(math.log2(n) - math.log2(32)) + 1
         return self.p.push_pull_interval * scale
 
     def _t_pushpull(self, now: float, _: Any, fx: list[Effect]) -> None:
-        self._at(now + self._push_pull_every(), "pushpull")
+        self.deadlines.at(now + self._push_pull_every(), "pushpull")
         if self.leaving:
             return
-        for m in self._pick(1, live_only=True):
+        for m in self.table.pick(1, live_only=True):
             fx.append(SendStream(m.addr, self._pushpull(join=False, reply=False)))
 
     def _t_reconnect(self, now: float, _: Any, fx: list[Effect]) -> None:
         """Serf's reconnect: with probability dead/live, push-pull with a random dead member."""
-        self._at(now + self.p.reconnect_interval, "reconnect")
-        if self.leaving or not self._dead:
+        self.deadlines.at(now + self.p.reconnect_interval, "reconnect")
+        t = self.table
+        if self.leaving or not t.dead:
             return
-        if self.rng.random() > len(self._dead) / max(1, self._live):
+        if self.rng.random() > len(t.dead) / max(1, t.live):
             return
-        dead = sorted(self._dead)  # sorted: deterministic for a seed
+        dead = sorted(t.dead)  # sorted: deterministic for a seed
         m = self.members[dead[self.rng.randrange(len(dead))]]
         fx.append(SendStream(m.addr, self._pushpull(join=False, reply=False)))
 
@@ -465,33 +297,18 @@ class Membership:
         self._on_dead(now, Dead(name, m.incarnation, self.name), fx)
 
     def _t_reap(self, now: float, _: Any, fx: list[Effect]) -> None:
-        self._at(now + self._reap_every(), "reap")
+        self.deadlines.at(now + self._reap_every(), "reap")
         p = self.p
-        for m in list(self.members.values()):
-            if m.name == self.name:
-                continue
-            age = now - m.changed
-            if (m.status == DEAD and age >= p.dead_reap) or (
-                m.status == LEFT and age >= p.left_reap
-            ):
-                self._remove(m.name)
-                self.tombstones[m.name] = (m.incarnation, now, m.status)
-        for n, (_, since, _) in list(self.tombstones.items()):
-            if now - since >= p.tombstone_ttl:
-                del self.tombstones[n]
-        for k in [k for k, a in self.app.items() if a.value is None]:
-            if now - self._app_gone.setdefault(k, now) >= p.tombstone_ttl:
-                del self.app[k], self._app_gone[k]
-        for k in [k for k in self._app_gone if k not in self.app or self.app[k].value is not None]:
-            del self._app_gone[k]  # set again since
+        self.table.reap(now, p.dead_reap, p.left_reap, p.tombstone_ttl)
+        self.channel.reap(now, p.tombstone_ttl)
 
     # ---------------------------------------------------------- messages
     def _dispatch(self, now: float, addr: Addr, msg: Msg, fx: list[Effect]) -> None:
+        out: tuple[Addr, list[Msg]] | None = None
         if isinstance(msg, Ping):
-            if msg.target == self.name:
-                fx.append(self._send(msg.source_addr, [Ack(msg.seq, self.name)]))
+            out = self.prober.on_ping(msg)
         elif isinstance(msg, Ack):
-            self._on_ack(now, msg, fx)
+            out = self.prober.on_ack(msg)
         elif isinstance(msg, Alive):
             self._on_alive(now, msg, fx)
         elif isinstance(msg, Suspect):
@@ -501,27 +318,14 @@ class Membership:
         elif isinstance(msg, AppData):
             self._on_app(msg, fx)
         elif isinstance(msg, PingReq):
-            seq = self._next_seq()
-            self._relays[seq] = _Relay(msg.source_addr, msg.seq, msg.nack)
-            fx.append(self._send(msg.target_addr, [Ping(seq, msg.target, self.name, self.addr)]))
-            self._at(now + self._nack_after(), "relay_timeout", seq)
+            out = self.prober.on_ping_req(now, msg)
         elif isinstance(msg, Nack):
-            pr = self._probe
-            if pr is not None and pr.seq == msg.seq:
-                pr.nacks += 1
-                if pr.nacks >= pr.expected_nacks and not pr.acked:
-                    self._finish_probe(now, fx)  # every helper failed too: decide now
+            if self.prober.on_nack(msg):
+                self._judge_probe(now, fx)  # every helper failed too: decide now
         elif isinstance(msg, PushPull):
             self._on_pushpull(now, addr, msg, fx)
-
-    def _on_ack(self, now: float, msg: Ack, fx: list[Effect]) -> None:
-        pr = self._probe
-        if pr is not None and pr.seq == msg.seq:
-            pr.acked = True
-            return
-        r = self._relays.pop(msg.seq, None)
-        if r is not None:
-            fx.append(self._send(r.requester, [Ack(r.seq, msg.source)]))
+        if out is not None:
+            fx.append(self._send(*out))
 
     def _refute(self, incarnation: int) -> None:
         """Someone claims something stale about us: outbid it with a higher incarnation."""
@@ -547,7 +351,7 @@ class Membership:
                 return  # a stale state must not revive a removed member (#253, #312)
             self.tombstones.pop(a.name, None)
             m = Member(a.name, a.addr, a.incarnation, ALIVE, dict(a.meta), now)
-            self._add(m)
+            self.table.add(m)
             self._queue(a, "m:" + a.name)
             fx.append(Publish(MEMBER_JOIN, m.state()))
             return
@@ -557,7 +361,7 @@ class Membership:
         changed = a.addr != m.addr or a.meta != m.meta
         m.incarnation, m.addr, m.meta = a.incarnation, a.addr, dict(a.meta)  # new addr ok (#157)
         if was != ALIVE:
-            self._set_status(m, ALIVE, now)
+            self.table.set_status(m, ALIVE, now)
         self._queue(a, "m:" + a.name)
         if was in (DEAD, LEFT):
             fx.append(Publish(MEMBER_JOIN, m.state()))
@@ -575,12 +379,12 @@ class Membership:
         if m.status == SUSPECT and m.suspicion is not None:
             if m.suspicion.confirm(s.source):
                 self._queue(s, "m:" + s.name)
-                self._at(m.suspicion.deadline(), "suspicion", (m.name, m.suspicion))
+                self.deadlines.at(m.suspicion.deadline(), "suspicion", (m.name, m.suspicion))
             return
         m.incarnation = s.incarnation
-        self._set_status(m, SUSPECT, now)
+        self.table.set_status(m, SUSPECT, now)
         self.counters.suspects_started += 1
-        n = self._live
+        n = self.table.live
         p = self.p
         if p.fixed_suspicion_timeout > 0:
             lo, hi, k = p.fixed_suspicion_timeout, p.fixed_suspicion_timeout, 0
@@ -592,7 +396,7 @@ class Membership:
                 k = 0
         m.suspicion = Suspicion(now, lo, hi, k, s.source, s.incarnation)
         self._queue(s, "m:" + s.name)
-        self._at(m.suspicion.deadline(), "suspicion", (m.name, m.suspicion))
+        self.deadlines.at(m.suspicion.deadline(), "suspicion", (m.name, m.suspicion))
 
     def _on_dead(self, now: float, d: Dead, fx: list[Effect]) -> None:
         if d.name == self.name:
@@ -610,18 +414,13 @@ class Membership:
         if d.incarnation < m.incarnation or m.status == LEFT or (m.status == DEAD and not left):
             return
         m.incarnation = d.incarnation
-        self._set_status(m, LEFT if left else DEAD, now)
+        self.table.set_status(m, LEFT if left else DEAD, now)
         self._queue(d, "m:" + d.name)
         fx.append(Publish(MEMBER_LEAVE if left else MEMBER_FAILED, m.state()))
 
     def _on_app(self, a: AppData, fx: list[Effect]) -> None:
-        old = self.app.get((a.topic, a.key))
-        if old is not None and (a.version, a.origin) <= (old.version, old.origin):
-            return
-        self.app[(a.topic, a.key)] = a
-        self._app_clock = max(self._app_clock, a.version)
-        self.aq.queue(a, encoded_size(a), f"a:{a.topic}:{a.key}")
-        fx.append(Publish(a.topic, a))
+        if self.channel.merge(a):
+            fx.append(Publish(a.topic, a))
 
     def _on_pushpull(self, now: float, addr: Addr, pp: PushPull, fx: list[Effect]) -> None:
         if not pp.reply:

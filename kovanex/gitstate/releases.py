@@ -16,12 +16,12 @@ from typing import Any
 import pygit2
 
 from kovanex import envspec
-from kovanex.config import _q, _scalar  # the TOML writer kovanex.toml is written with
 from kovanex.core import promotion_state as ps
 from kovanex.gitstate import refs, trailers
 from kovanex.gitstate.pygit2store import Pygit2Store
 from kovanex.gitstate.store import EMPTY_TREE
 from kovanex.spec import SPEC_PATH, SpecError
+from kovanex.tomlwrite import toml_quote, toml_value
 
 T_OWNER_EPOCH = "Kovanex-Owner-Epoch"
 T_TERM = "Kovanex-Term"  # the leader's term, when coordination is on (ADR 0021, 0026)
@@ -222,7 +222,7 @@ def toml_dumps(doc: dict[str, Any], top: bool = True) -> str:
     tables (`[placement]`) and arrays of tables (`[[steps]]`)."""
     tables = {k for k, v in doc.items() if top and isinstance(v, dict)}
     arrays = {k for k, v in doc.items() if top and _is_table_list(v)}
-    lines = [f"{_key(k)} = {_scalar(v)}" for k, v in doc.items() if k not in tables | arrays]
+    lines = [f"{_key(k)} = {toml_value(v)}" for k, v in doc.items() if k not in tables | arrays]
     for k in tables:
         lines += ["", f"[{_key(k)}]", *toml_dumps(doc[k], False).splitlines()]
     for k in arrays:
@@ -236,4 +236,4 @@ def _is_table_list(v: Any) -> bool:
 
 
 def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _q(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else toml_quote(k)
