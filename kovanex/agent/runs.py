@@ -13,6 +13,7 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.executor import TaskRun
 from kovanex.gitstate.ledger import Lease
 from kovanex.runner import RunnerSlots, units
+from kovanex.runner.zygoteclient import Zygote
 
 log = logging.getLogger("kovanex.agent")
 Key = tuple[str, str]
@@ -24,12 +25,27 @@ class RunTable:
         cfg = ctx.cfg
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
         self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
+        self.zygote = self._zygote()
         self.runs: dict[Key, TaskRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         # wired by the agent: where a run reports a tip it wrote, and that it ended
         self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
         self.on_finished: Callable[[str, str], None] = lambda repo, task: None
+
+    def _zygote(self) -> Zygote | None:
+        """The node's zygote forks every unit operation (ADR 0081); without units (no root,
+        `--units none`) steps take the old path, as the agent's user or through setpriv."""
+        if not self.units or not units.is_root():
+            return None
+        try:
+            return Zygote()
+        except OSError as e:
+            log.warning("no zygote (%s): unit steps start through setpriv", e)
+            return None
+
+    def zygote_status(self) -> dict[str, Any] | None:
+        return self.zygote.status() if self.zygote is not None else None
 
     def epoch_of(self, key: Key) -> int | None:
         run = self.runs.get(key)
@@ -80,3 +96,5 @@ class RunTable:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.warning("%d runs did not stop within %.0fs", len(self.runs), timeout)
+        if self.zygote is not None:
+            await asyncio.to_thread(self.zygote.close)

@@ -318,6 +318,9 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         print(f"isolation {st['isolation']}")
     if "network" in st:
         print(f"network {st['network']}")
+    if z := st.get("zygote"):
+        state = "up" if z["up"] else "DOWN (restarting)"
+        print(f"zygote pid {z['pid']} {state}, restarts {z['restarts']}")
     g = st.get("gossip") or {}
     if g:
         if g.get("gossip_encrypted"):

@@ -37,6 +37,7 @@ from kovanex.runner.limits import (
 )
 from kovanex.runner.logsink import LogSink
 from kovanex.runner.units import Unit, hidden
+from kovanex.runner.zygoteclient import Zygote, ZygoteLost
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -164,6 +165,65 @@ class _Child:
         return await asyncio.shield(self._exited)
 
 
+class _ZChild:
+    """A step forked by the node's zygote (ADR 0081): the zygote reaps it and tells us its
+    exit code (from its reader thread). If the zygote dies first, wait() raises
+    ZygoteLost; run_step then kills what is left in the unit's cgroup."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.returncode: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+
+    def exited(self, code: int | None) -> None:
+        self._loop.call_soon_threadsafe(self._done, code)
+
+    def _done(self, code: int | None) -> None:
+        if self._exited.done():
+            return
+        if code is None:
+            self.returncode = -signal.SIGKILL  # lost: only the cgroup says what is alive
+            self._exited.set_exception(ZygoteLost("the node's zygote died during the step"))
+            self._exited.exception()  # retrieved: wait() re-raises it for each caller
+        else:
+            self.returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+async def _spawn_zygote(
+    zygote: Zygote, command: str, cwd: Path, env: dict[str, str], fd: int, applied: Applied,
+    unit: Unit,
+) -> _ZChild:  # fmt: skip
+    """`/bin/sh -c command` forked by the zygote: it joins the unit's cgroups, gets the
+    task's private /tmp, drops to the unit and execs, with no wrapper, setpriv or memfd."""
+    procs, rlimits = applied.plan()
+    req = {
+        "op": "exec",
+        "uid": unit.uid,
+        "gid": unit.gid,
+        "procs": procs,
+        "rlimits": rlimits,
+        "binds": taskdirs.tmp_binds(unit),
+        "cwd": str(cwd),
+        "command": command,
+        "env": env,
+    }
+    child = _ZChild()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        # the reply comes once the zygote forked; off the loop, as Popen is (see _spawn)
+        child.pid = await asyncio.get_running_loop().run_in_executor(
+            _spawner(), zygote.request, req, [null, fd, fd], child.exited
+        )
+    finally:
+        os.close(null)
+    return child
+
+
 async def _spawn(
     command: str,
     *,
@@ -229,7 +289,7 @@ async def _spawn(
     )
 
 
-_Proc = _Child | asyncio.subprocess.Process
+_Proc = _Child | _ZChild | asyncio.subprocess.Process
 _spawn_pool: ThreadPoolExecutor | None = None
 _spawn_pool_lock = threading.Lock()
 
@@ -342,6 +402,7 @@ async def run_step(
     unit: Unit | None = None,
     hide: list[Path] | None = None,
     log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
+    zygote: Zygote | None = None,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
@@ -352,7 +413,9 @@ async def run_step(
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline. With a compute `unit`, the step runs as the unit's uid inside the
     unit's cgroup (see units.py). `hide`: dirs covered by an empty tmpfs in a mount
-    namespace, the isolation left without root (units.hidden).
+    namespace, the isolation left without root (units.hidden). `zygote`: with a unit,
+    the node's zygote forks the step (ADR 0081); ZygoteLost if it dies meanwhile (the
+    step's tree is killed first).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -371,16 +434,19 @@ async def run_step(
         raise
     mechanism = applied.mechanism
     try:
-        proc = await _spawn(
-            command,
-            cwd=cwd,
-            env=env,
-            fd=fd,
-            applied=applied,
-            fast=fast_spawn,
-            hide=hide,
-            unit=unit,
-        )
+        if zygote is not None and unit is not None:
+            proc: _Proc = await _spawn_zygote(zygote, command, cwd, env, fd, applied, unit)
+        else:
+            proc = await _spawn(
+                command,
+                cwd=cwd,
+                env=env,
+                fd=fd,
+                applied=applied,
+                fast=fast_spawn,
+                hide=hide,
+                unit=unit,
+            )
         applied.close_fds()
     except (OSError, subprocess.SubprocessError) as exc:
         applied.close_fds()

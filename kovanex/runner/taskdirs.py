@@ -148,6 +148,19 @@ def _fstab_path(p: Path) -> str:
     return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(p))
 
 
+def tmp_binds(unit: Unit) -> list[tuple[str, str]]:
+    """(source, target) of each bind that gives the open task's step its own /tmp, as
+    the fstab private_tmp mounts says: a zygote child makes them itself (ADR 0081)."""
+    if not (unit.path / "fstab").exists():
+        return []
+    root = task_root(unit)
+    return [
+        (str(root / src), dst)
+        for src, dst in _BINDS
+        if dst not in _hidden_by(unit) and os.path.isdir(dst)
+    ]
+
+
 def private_tmp(unit: Unit, argv: list[str]) -> list[str]:
     """`argv` (the drop and the step) in a mount namespace of its own, where the task's
     tmp is /tmp and /var/tmp and its shm is /dev/shm. As the task is open only."""

@@ -1,0 +1,241 @@
+"""The agent's end of the node's zygote (kovanex/zygote.py, ADR 0081): start it, ask it to
+fork, hear the exits, restart it when it dies.
+
+One reader thread per zygote life reads every message: a reply to a request (the
+child's pid) and, later, that child's exit code, handed to the callback the request
+registered. When the zygote dies, every request and child in flight hears `ZygoteLost`
+(the caller kills what is left in the unit's cgroup and fails the run over), and a new
+zygote starts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import kovanex
+from kovanex.runner.limits import ROOT_ENV
+
+_log = logging.getLogger("kovanex.zygote")
+REPLY_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this is a stuck zygote
+QUICK_DEATH_S = 1.0  # a zygote that dies sooner than this is restarted after a pause
+_ROOT = str(Path(kovanex.__file__).resolve().parent.parent)  # the agent's own code
+_BOOT = (
+    f"import sys; sys.path.insert(0, {_ROOT!r}); "
+    "from kovanex.zygote import main; sys.exit(main(sys.argv[1:]))"
+)
+OnExit = Callable[[int | None], None]  # the child's exit code; None: the zygote died
+
+
+class ZygoteLost(Exception):
+    """The zygote died with this operation in flight (the agent restarted it)."""
+
+
+class _Life:
+    """One zygote process, its socket and what is in flight with it."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOT, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env=dict(ROOT_ENV),
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's ^C goes to the agent, which stops it
+            )
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.started = time.monotonic()
+        self.pending: dict[int, tuple[Future[int], OnExit]] = {}
+        self.children: dict[int, OnExit] = {}
+        self.dead = False
+
+
+class Zygote:
+    """The node's zygote, restarted by the agent whenever it dies."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._life = self._launch()
+
+    def _launch(self) -> _Life:
+        life = _Life()
+        threading.Thread(
+            target=self._read, args=(life,), name="kovanex-zygote", daemon=True
+        ).start()
+        _log.info("zygote started (pid %d)", life.proc.pid)
+        return life
+
+    @property
+    def pid(self) -> int:
+        return self._life.proc.pid
+
+    def status(self) -> dict[str, Any]:
+        """For `kovanex status`: the zygote's pid, whether it is up, how often it died."""
+        life = self._life
+        up = not life.dead and life.proc.poll() is None
+        return {
+            "pid": life.proc.pid,
+            "up": up,
+            "restarts": self.restarts,
+            "uptime_s": round(time.monotonic() - life.started, 1) if up else 0.0,
+        }
+
+    def request(self, req: dict[str, Any], fds: list[int], on_exit: OnExit) -> int:
+        """Have the zygote fork `req` with `fds` as its 0, 1, 2; returns the child's pid.
+        `on_exit` is called (from the reader thread) with its exit code, or None if the
+        zygote died first. Blocks for the reply: call it off the event loop."""
+        fut: Future[int] = Future()
+        with self._lock:
+            life = self._life
+            if life.dead or self._closed:
+                raise ZygoteLost("the zygote is restarting")
+            rid = next(self._ids)
+            life.pending[rid] = (fut, on_exit)
+            try:
+                socket.send_fds(life.sock, [json.dumps({**req, "id": rid}).encode()], fds)
+            except OSError as e:
+                life.pending.pop(rid, None)
+                raise ZygoteLost(f"the zygote is gone: {e}") from e
+        try:
+            return fut.result(REPLY_TIMEOUT_S)
+        except TimeoutError:
+            raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
+
+    def run(self, req: dict[str, Any], fds: list[int]) -> int:
+        """A request waited for to its end: the child's exit code (ZygoteLost if it died)."""
+        done = threading.Event()
+        code: list[int | None] = []
+
+        def exited(c: int | None) -> None:
+            code.append(c)
+            done.set()
+
+        self.request(req, fds, exited)
+        done.wait()
+        if code[0] is None:
+            raise ZygoteLost("the zygote died during a unit's git work")
+        return code[0]
+
+    def _read(self, life: _Life) -> None:
+        while True:
+            try:
+                data = life.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "exit" in msg:
+                with self._lock:
+                    fn = life.children.pop(msg["exit"], None)
+                if fn is not None:
+                    fn(msg["code"])
+                continue
+            with self._lock:
+                fut, fn = life.pending.pop(msg.get("id"), (None, None))
+                if fut is not None and "pid" in msg:
+                    life.children[msg["pid"]] = fn
+            if fut is None:
+                continue
+            if "pid" in msg:
+                fut.set_result(msg["pid"])
+            else:
+                fut.set_exception(OSError(f"zygote refused the request: {msg.get('error')}"))
+        self._died(life)
+
+    def _died(self, life: _Life) -> None:
+        """Everything in flight hears it; then a new zygote, unless the agent is stopping."""
+        with self._lock:
+            life.dead = True
+            pending, children = list(life.pending.values()), list(life.children.values())
+            life.pending.clear()
+            life.children.clear()
+        life.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            life.proc.wait(5)
+        for fut, _ in pending:
+            fut.set_exception(ZygoteLost("the zygote died before it answered"))
+        for fn in children:
+            fn(None)
+        if self._closed:
+            return
+        _log.warning("zygote (pid %d) died (%s); restarting it", life.proc.pid, life.proc.poll())
+        if time.monotonic() - life.started < QUICK_DEATH_S:
+            threading.Event().wait(QUICK_DEATH_S)  # a crash loop must not spin a core
+        with self._lock:
+            if self._closed:
+                return
+            self.restarts += 1
+            self._life = self._launch()
+
+    def close(self) -> None:
+        """At agent stop: EOF on its socket ends the zygote; SIGKILL if it lingers."""
+        with self._lock:
+            self._closed = True
+            life = self._life
+        with contextlib.suppress(OSError):
+            life.sock.shutdown(socket.SHUT_RDWR)
+        try:
+            life.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            life.proc.kill()
+            life.proc.wait(5)
+
+
+class ZProc:
+    """A zygote child with pipes on its stdout and stderr: the slice of Popen that
+    unitrepo's snapshot reads (stdout, stderr, wait, kill)."""
+
+    def __init__(self, zygote: Zygote, req: dict[str, Any]) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        self._done = threading.Event()
+        self._code: int | None = None
+        self.pid = 0
+        try:
+            self.pid = zygote.request(req, [null, out_w, err_w], self._exited)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (null, out_w, err_w):
+                os.close(fd)
+        self.stdout = os.fdopen(out_r, "rb", buffering=0)
+        self.stderr = os.fdopen(err_r, "rb")
+
+    def _exited(self, code: int | None) -> None:
+        self._code = code
+        self._done.set()
+
+    def wait(self) -> int:
+        self._done.wait()
+        if self._code is None:
+            raise ZygoteLost("the zygote died during a unit's git work")
+        return self._code
+
+    def kill(self) -> None:
+        if not self._done.is_set():  # reaped, its pid may be another process's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
