@@ -110,6 +110,8 @@ class TaskRun:
         """Nothing of this task survives into the unit's next one: its dirs go (no
         step of it runs: each step ends with its unit's cgroup killed). Inline, not in a
         thread: a tmpfs goes with one umount, and a cancel here must not leak the slot."""
+        if self.table.zygote is not None:
+            self.table.zygote.forget(unit.uid)  # the task's /tmp namespace goes with it
         try:
             taskdirs.close_task(unit)
         except Exception:  # noqa: BLE001 - the next open_task removes it again

@@ -37,7 +37,7 @@ from kovanex.runner.limits import (
 )
 from kovanex.runner.logsink import LogSink
 from kovanex.runner.units import Unit, hidden
-from kovanex.runner.zygoteclient import Zygote, ZygoteLost
+from kovanex.runner.zygoteclient import REPLY_TIMEOUT_S, Zygote, ZygoteLost
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -201,13 +201,15 @@ async def _spawn_zygote(
     """`/bin/sh -c command` forked by the zygote: it joins the unit's cgroups, gets the
     task's private /tmp, drops to the unit and execs, with no wrapper, setpriv or memfd."""
     procs, rlimits = applied.plan()
+    task, binds = taskdirs.tmp_binds(unit)
     req = {
         "op": "exec",
         "uid": unit.uid,
         "gid": unit.gid,
         "procs": procs,
         "rlimits": rlimits,
-        "binds": taskdirs.tmp_binds(unit),
+        "binds": binds,
+        "task": task,
         "cwd": str(cwd),
         "command": command,
         "env": env,
@@ -215,12 +217,13 @@ async def _spawn_zygote(
     child = _ZChild()
     null = os.open(os.devnull, os.O_RDONLY)
     try:
-        # the reply comes once the zygote forked; off the loop, as Popen is (see _spawn)
-        child.pid = await asyncio.get_running_loop().run_in_executor(
-            _spawner(), zygote.request, req, [null, fd, fd], child.exited
-        )
+        forked = zygote.submit(req, [null, fd, fd], child.exited)
     finally:
         os.close(null)
+    try:
+        child.pid = await asyncio.wait_for(asyncio.wrap_future(forked), REPLY_TIMEOUT_S)
+    except TimeoutError:
+        raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
     return child
 
 

@@ -47,11 +47,18 @@ class ZygoteLost(Exception):
 class _Life:
     """One zygote process, its socket and what is in flight with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, git: bool) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _BOOT, str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    _BOOT,
+                    str(theirs.fileno()),
+                    *(() if git else ("--no-git",)),
+                ],
                 pass_fds=[theirs.fileno()],
                 env=dict(ROOT_ENV),
                 cwd="/",
@@ -70,15 +77,16 @@ class _Life:
 class Zygote:
     """The node's zygote, restarted by the agent whenever it dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, git: bool = True) -> None:
         self.restarts = 0
+        self._git = git  # False: a zygote without pygit2, for steps only (bench)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
         self._life = self._launch()
 
     def _launch(self) -> _Life:
-        life = _Life()
+        life = _Life(self._git)
         threading.Thread(
             target=self._read, args=(life,), name="kovanex-zygote", daemon=True
         ).start()
@@ -101,9 +109,17 @@ class Zygote:
         }
 
     def request(self, req: dict[str, Any], fds: list[int], on_exit: OnExit) -> int:
-        """Have the zygote fork `req` with `fds` as its 0, 1, 2; returns the child's pid.
-        `on_exit` is called (from the reader thread) with its exit code, or None if the
-        zygote died first. Blocks for the reply: call it off the event loop."""
+        """submit() and wait for the child's pid: for threads (the unit's git work)."""
+        try:
+            return self.submit(req, fds, on_exit).result(REPLY_TIMEOUT_S)
+        except TimeoutError:
+            raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
+
+    def submit(self, req: dict[str, Any], fds: list[int], on_exit: OnExit) -> Future[int]:
+        """Have the zygote fork `req` with `fds` as its 0, 1, 2; the future is the child's
+        pid. `on_exit` is called (from the reader thread) with its exit code, or None if
+        the zygote died first. Only a send: the event loop may call it (one hop fewer
+        than a worker thread, which counts on a loaded host)."""
         fut: Future[int] = Future()
         with self._lock:
             life = self._life
@@ -116,10 +132,7 @@ class Zygote:
             except OSError as e:
                 life.pending.pop(rid, None)
                 raise ZygoteLost(f"the zygote is gone: {e}") from e
-        try:
-            return fut.result(REPLY_TIMEOUT_S)
-        except TimeoutError:
-            raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
+        return fut
 
     def run(self, req: dict[str, Any], fds: list[int]) -> int:
         """A request waited for to its end: the child's exit code (ZygoteLost if it died)."""
@@ -135,6 +148,11 @@ class Zygote:
         if code[0] is None:
             raise ZygoteLost("the zygote died during a unit's git work")
         return code[0]
+
+    def forget(self, uid: int) -> None:
+        """The unit's task ended: the zygote lets its /tmp namespace go (not waited for)."""
+        with contextlib.suppress(ZygoteLost, OSError):
+            self.submit({"op": "forget", "uid": uid}, [], lambda code: None)
 
     def _read(self, life: _Life) -> None:
         while True:
@@ -153,7 +171,7 @@ class Zygote:
                 continue
             with self._lock:
                 fut, fn = life.pending.pop(msg.get("id"), (None, None))
-                if fut is not None and "pid" in msg:
+                if fut is not None and msg.get("pid"):
                     life.children[msg["pid"]] = fn
             if fut is None:
                 continue
