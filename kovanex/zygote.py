@@ -48,7 +48,10 @@ CANNOT_START = 126  # as a shell says "cannot execute": the op never ran
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:  # glibc's name: find_library would run ldconfig (an exec, tens of ms)
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def _check(rc: int, what: str) -> None:
@@ -218,7 +221,6 @@ def serve(sock: socket.socket, git: bool = True) -> int:
 
         zygotegit = loaded
     libc = _libc()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     spaces = _Namespaces(
@@ -270,6 +272,9 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     """`python -I -c ... <fd> [--no-git]`: fd is the inherited end of the agent's
     socketpair."""
+    # first, before any import: dies with the thread that started it (the agent's
+    # keeper, which lives as long as the agent), then checks it was not too late
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() == 1:
         return 1  # the agent died before we got here
     return serve(socket.socket(fileno=int(argv[0])), git="--no-git" not in argv[1:])

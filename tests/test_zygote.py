@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
+from kovanex.runner.zygoteclient import Zygote
 from tests.agentkit import (
     Node,
     clone_with_task,
@@ -17,6 +19,7 @@ from tests.agentkit import (
     git,
     process_gone,
     trailers_of,
+    units_root,
     wait_for,
 )
 
@@ -122,3 +125,72 @@ def test_a_zygote_killed_mid_step_fails_the_run_over_once(node: Node, tmp_path: 
     assert git("show", f"{ref}:result.txt", cwd=clone).stdout == f"done-{e2}\n"
     steps = [t for t in trailers_of(clone, ref) if "Kovanex-Result" in t]
     assert [(t["Kovanex-Result"], t["Kovanex-Epoch"]) for t in steps] == [("ok", e2)], steps
+
+
+@pytest.fixture
+def unit():
+    from kovanex.runner import taskdirs
+    from kovanex.runner import units as unitsmod
+
+    made = unitsmod.units_for(
+        f"zt{os.urandom(3).hex()}", 1, mode=unitsmod.USERS, root=str(units_root()), create=True
+    )
+    taskdirs.open_task(made[0], "r", 16)
+    yield made[0]
+    unitsmod.remove(made, delete_users=True)
+
+
+def _exec(z: Zygote, unit, command: str, out: Path, ids: dict | None = None) -> int:
+    """One step through the zygote, its stdout and stderr into `out`; its exit code."""
+    from kovanex.runner import taskdirs
+
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    null = os.open(os.devnull, os.O_RDONLY)
+    req = {
+        "op": "exec", "uid": unit.uid, "gid": unit.gid, "cwd": str(taskdirs.work_dir(unit, "r")),
+        "command": command, "env": {"PATH": "/usr/bin:/bin"}, **(ids or {}),
+    }  # fmt: skip
+    try:
+        return z.run(req, [null, fd, fd])
+    finally:
+        os.close(fd)
+        os.close(null)
+
+
+def test_a_child_holds_only_its_fds_and_never_runs_as_root(unit, tmp_path: Path) -> None:
+    out = exchange_dir() / "out"
+    z = Zygote()
+    try:
+        busy = _exec(z, unit, "true", out)  # the zygote now holds more fds of its own
+        assert busy == 0
+        assert _exec(z, unit, "ls /proc/self/fd | tr '\\n' ' '; echo; id -u", out) == 0
+        fds, uid = out.read_text().splitlines()
+        assert fds.split() == ["0", "1", "2", "3"], f"fds the step was not given: {fds}"
+        assert int(uid) == unit.uid
+        assert _exec(z, unit, "id -u", out, ids={"uid": 0}) == 126
+        assert "never runs an operation as root" in out.read_text()
+    finally:
+        z.close()
+
+
+def test_a_zygote_outlives_the_thread_that_made_it(unit) -> None:
+    """PR_SET_PDEATHSIG follows the thread that forked the zygote: were that a worker
+    (or the reader thread that restarts it), the zygote would die with it."""
+    out = exchange_dir() / "out"
+    made: list[Zygote] = []
+
+    def make() -> None:
+        z = Zygote()
+        made.append(z)
+        assert _exec(z, unit, "true", out) == 0  # it runs: its death signal is armed
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    (z,) = made
+    try:
+        assert _exec(z, unit, "echo still-here", out) == 0
+        assert z.status()["up"] and z.status()["restarts"] == 0, z.status()
+        assert "still-here" in out.read_text()
+    finally:
+        z.close()

@@ -83,7 +83,15 @@ class Zygote:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
-        self._life = self._launch()
+        self._lost = threading.Event()
+        # Every zygote is started by one long-lived thread: a child's PR_SET_PDEATHSIG
+        # fires when the *thread* that forked it ends, so a zygote started by a reader
+        # thread (or a worker) that then returns would be killed at once.
+        first: Future[_Life] = Future()
+        threading.Thread(
+            target=self._keep, args=(first,), name="kovanex-zygote-keeper", daemon=True
+        ).start()
+        self._life = first.result()
 
     def _launch(self) -> _Life:
         life = _Life(self._git)
@@ -195,22 +203,40 @@ class Zygote:
             fut.set_exception(ZygoteLost("the zygote died before it answered"))
         for fn in children:
             fn(None)
-        if self._closed:
+        if not self._closed:
+            _log.warning(
+                "zygote (pid %d) died (%s); restarting it", life.proc.pid, life.proc.poll()
+            )
+            self._lost.set()
+
+    def _keep(self, first: Future[_Life]) -> None:
+        """Start the zygote, and a new one each time one dies, until close()."""
+        try:
+            first.set_result(self._launch())
+        except BaseException as e:  # noqa: BLE001 - Zygote() raises it
+            first.set_exception(e)
             return
-        _log.warning("zygote (pid %d) died (%s); restarting it", life.proc.pid, life.proc.poll())
-        if time.monotonic() - life.started < QUICK_DEATH_S:
-            threading.Event().wait(QUICK_DEATH_S)  # a crash loop must not spin a core
-        with self._lock:
-            if self._closed:
-                return
-            self.restarts += 1
-            self._life = self._launch()
+        while True:
+            self._lost.wait()
+            self._lost.clear()
+            with self._lock:
+                if self._closed:
+                    return
+                life = self._life
+            if time.monotonic() - life.started < QUICK_DEATH_S:
+                threading.Event().wait(QUICK_DEATH_S)  # a crash loop must not spin a core
+            with self._lock:
+                if self._closed:
+                    return
+                self.restarts += 1
+                self._life = self._launch()
 
     def close(self) -> None:
         """At agent stop: EOF on its socket ends the zygote; SIGKILL if it lingers."""
         with self._lock:
             self._closed = True
             life = self._life
+        self._lost.set()  # the keeper sees _closed and ends
         with contextlib.suppress(OSError):
             life.sock.shutdown(socket.SHUT_RDWR)
         try:
