@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import json
 import os
 import resource
@@ -221,6 +222,10 @@ def serve(sock: socket.socket, git: bool = True) -> int:
 
         zygotegit = loaded
     libc = _libc()
+    # Nothing the zygote keeps makes cycles (one JSON dict per request), and a collection
+    # in a forked child writes to every tracked object's page: copy-on-write for nothing.
+    gc.disable()
+    gc.freeze()
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     spaces = _Namespaces(
