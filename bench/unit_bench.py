@@ -3,15 +3,16 @@
 Runs `true` through run_step, interleaved run by run so load hits every variant alike:
 
 - agent: as the agent's user in the node's work dir, no limits;
-- unit: as a unit user, forked by the node's zygote (ADR 0081): the child joins the
-  unit's cgroup, binds the task's own /tmp in a mount namespace, drops and execs the
-  step's shell; cwd in the task's work dir (ADR 0073); no limits;
+- unit: as a unit user, forked by the node's step zygote (ADR 0081, no pygit2, as the
+  agent runs it): the child joins the unit's cgroups, joins the task's mount namespace
+  (its own /tmp, ADR 0083), drops and execs the step's shell; cwd in the task's work
+  dir (ADR 0073); no limits;
 - agent + mem: the agent path with a 256 MiB memory cgroup per step;
 - unit + mem: the unit path with the same limit (on the unit's delegated cgroup);
 - "… setpriv": the fallback without a zygote (a root wrapper shell makes the mount
   namespace, setpriv drops), what every unit step did before the zygote;
-- "unit, zygote without pygit2": a zygote that never imported pygit2 (a smaller
-  process to fork).
+- "unit, zygote with pygit2": the same from a zygote that imported pygit2 (the git
+  zygote's size: what one zygote for everything would cost a step).
 
 The ratio is unit / agent for the same limits. Needs root (units are users).
 
@@ -69,7 +70,7 @@ async def main(runs: int) -> None:
     work = base / "node" / "work"
     work.mkdir(parents=True)
     mem = Limits(memory_mb=256)
-    zygote, lean = Zygote(), Zygote(git=False)
+    zygote, big = Zygote(git=False), Zygote()
     variants = {
         "agent": (work, None, None, None),
         "unit": (task, None, unit, zygote),
@@ -77,7 +78,7 @@ async def main(runs: int) -> None:
         "unit + mem": (task, mem, unit, zygote),
         "unit, setpriv": (task, None, unit, None),
         "unit + mem, setpriv": (task, mem, unit, None),
-        "unit, zygote without pygit2": (task, None, unit, lean),
+        "unit, zygote with pygit2": (task, None, unit, big),
     }
     samples: dict[str, list[float]] = {k: [] for k in variants}
     try:
@@ -89,7 +90,7 @@ async def main(runs: int) -> None:
                 samples[name].append(await _once(cwd, base / f"{name}.log", lim, u, z))
     finally:
         zygote.close()
-        lean.close()
+        big.close()
         unitsmod.remove(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = []

@@ -44,26 +44,29 @@ DISK_MB = 1024  # [units] disk_mb's default: the task's dirs are a tmpfs of this
 PHASES = ("open", "prepare", "run", "snapshot", "close")
 
 
-def _cpu(zygote: object = None) -> float:
+def _cpu(zygotes: tuple = ()) -> float:
     t = os.times()
     own = t.user + t.system + t.children_user + t.children_system
-    if zygote is None:
-        return own
-    with open(f"/proc/{zygote.pid}/stat") as f:  # type: ignore[attr-defined]
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return own + ticks / os.sysconf("SC_CLK_TCK")
+    for z in zygotes:
+        with open(f"/proc/{z.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        own += ticks / os.sysconf("SC_CLK_TCK")
+    return own
 
 
 async def _task(
-    unit: unitsmod.Unit, bare: Path, commit: str, log: Path, zygote: object = None
+    unit: unitsmod.Unit, bare: Path, commit: str, log: Path, zygotes: tuple = ()
 ) -> dict[str, float]:
+    """One task; `zygotes`: (step zygote, git zygote), as the agent runs them, or ()."""
+    zygote, git = zygotes or (None, None)
     z = {"zygote": zygote} if zygote is not None else {}
+    zg = {"zygote": git} if git is not None else {}
     t = [time.perf_counter()]
     dirs = taskdirs.open_task(unit, "demo", DISK_MB) if taskdirs else None
     t.append(time.perf_counter())
     clone = await asyncio.to_thread(
-        lambda: unitrepo.prepare(bare, commit, unit, "demo", **z)  # type: ignore[arg-type]
+        lambda: unitrepo.prepare(bare, commit, unit, "demo", **zg)  # type: ignore[arg-type]
     )
     t.append(time.perf_counter())
     home = str(dirs.home) if dirs else str(unit.path)
@@ -80,7 +83,7 @@ async def _task(
         raise SystemExit(f"step failed: {out} (see {log})")
     t.append(time.perf_counter())
     await asyncio.to_thread(
-        lambda: unitrepo.snapshot(clone, unit, bare, commit, **z)  # type: ignore[arg-type]
+        lambda: unitrepo.snapshot(clone, unit, bare, commit, **zg)  # type: ignore[arg-type]
     )
     t.append(time.perf_counter())
     if zygote is not None:
@@ -101,25 +104,25 @@ async def main(tasks: int, use_zygote: bool = True) -> None:
     node = f"b{uuid.uuid4().hex[:6]}"
     units = unitsmod.units_for(node, 1, mode=unitsmod.USERS, root=str(base / "u"), create=True)
     samples: dict[str, list[float]] = {p: [] for p in (*PHASES, "total")}
-    zygote = Zygote() if Zygote is not None and use_zygote else None
+    zygotes = (Zygote(git=False), Zygote()) if Zygote is not None and use_zygote else ()
     try:
         for _ in range(5):  # warm-up
-            await _task(units[0], bare, commit, base / "step.log", zygote)
-        cpu0 = _cpu(zygote)
+            await _task(units[0], bare, commit, base / "step.log", zygotes)
+        cpu0 = _cpu(zygotes)
         for _ in range(tasks):
-            one = await _task(units[0], bare, commit, base / "step.log", zygote)
+            one = await _task(units[0], bare, commit, base / "step.log", zygotes)
             for p, v in one.items():
                 samples[p].append(v)
             samples["total"].append(sum(one.values()))
-        cpu = (_cpu(zygote) - cpu0) / tasks * 1000
+        cpu = (_cpu(zygotes) - cpu0) / tasks * 1000
     finally:
-        if zygote is not None:
-            zygote.close()
+        for zy in zygotes:
+            zy.close()
         unitsmod.remove(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = [[p, f"{pct(s, 50):.2f}", f"{pct(s, 95):.2f}"] for p, s in samples.items()]
     per_task = "per-task dirs" if taskdirs else "clone reuse"
-    per_task += ", zygote" if zygote is not None else ", setpriv"
+    per_task += ", zygotes" if zygotes else ", setpriv"
     print(
         f"unit task cost ({per_task}), {tasks} tasks, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}; CPU {cpu:.2f} ms/task (agent + children)"

@@ -59,11 +59,15 @@ def _push(node: Node, tmp_path: Path, task: str, run: str) -> Path:
 def test_status_shows_the_zygote_and_it_starts_each_step(node: Node, tmp_path: Path) -> None:
     z = _zygote(node)
     assert z["up"] and z["restarts"] == 0, z
-    assert f"zygote pid {z['pid']} up, restarts 0" in node.kx("status").stdout
-    # a root process of its own, in no unit's cgroup: a unit's kill or freeze misses it
-    assert os.stat(f"/proc/{z['pid']}").st_uid == 0
-    assert "kovanex.zygote" in Path(f"/proc/{z['pid']}/cmdline").read_text()
-    assert "unit-" not in Path(f"/proc/{z['pid']}/cgroup").read_text()
+    g = z["git"]
+    assert g["up"] and g["restarts"] == 0 and g["pid"] != z["pid"], z
+    line = f"zygote pid {z['pid']} up, restarts 0; git zygote pid {g['pid']} up, restarts 0"
+    assert line in node.kx("status").stdout
+    for pid in (z["pid"], g["pid"]):
+        # root processes of their own, in no unit's cgroup: a unit's kill or freeze misses them
+        assert os.stat(f"/proc/{pid}").st_uid == 0
+        assert "kovanex.zygote" in Path(f"/proc/{pid}/cmdline").read_text()
+        assert "unit-" not in Path(f"/proc/{pid}/cgroup").read_text()
     out = exchange_dir() / "out"
     _push(node, tmp_path, "z1", f"grep -E '^(PPid|Uid|NoNewPrivs|CapEff):' /proc/$$/status > {out}")
     assert wait_for(lambda: _state(node, "z1"), 120, "task z1 to end") == "succeeded"
@@ -76,22 +80,24 @@ def test_status_shows_the_zygote_and_it_starts_each_step(node: Node, tmp_path: P
 def test_a_step_cannot_signal_or_ptrace_the_zygote(node: Node, tmp_path: Path) -> None:
     z = _zygote(node)
     out = exchange_dir() / "out"
-    attack = (
-        f"kill -9 {z['pid']}; echo kill=$? >> {out}; "
-        f"kill -STOP {z['pid']}; echo stop=$? >> {out}; "
+    attack = "".join(
+        f"kill -9 {pid}; echo kill=$? >> {out}; "
+        f"kill -STOP {pid}; echo stop=$? >> {out}; "
         f"{PYTHON} -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
-        f'r = l.ptrace(16, {z["pid"]}, 0, 0); print("ptrace", r, ctypes.get_errno())\' '
-        f">> {out} 2>&1; ls /proc/{z['pid']}/fd >/dev/null 2>&1; echo fds=$? >> {out}"
+        f'r = l.ptrace(16, {pid}, 0, 0); print("ptrace", r, ctypes.get_errno())\' '
+        f">> {out} 2>&1; ls /proc/{pid}/fd >/dev/null 2>&1; echo fds=$? >> {out}; "
+        for pid in (z["pid"], z["git"]["pid"])
     )
     _push(node, tmp_path, "z2", attack)
     assert wait_for(lambda: _state(node, "z2"), 120, "task z2 to end") == "succeeded"
     text = out.read_text()
     assert "kill=0" not in text and "stop=0" not in text, text
-    assert "ptrace -1 1" in text, f"PTRACE_ATTACH was not refused with EPERM: {text}"
+    assert text.count("ptrace -1 1") == 2, f"PTRACE_ATTACH was not refused with EPERM: {text}"
     assert "fds=0" not in text, f"the step listed the zygote's fds: {text}"
     after = _zygote(node)
     assert not process_gone(z["pid"]) and after["up"], after
     assert (after["pid"], after["restarts"]) == (z["pid"], 0), after
+    assert (after["git"]["pid"], after["git"]["restarts"]) == (z["git"]["pid"], 0), after
 
 
 def test_a_zygote_killed_mid_step_fails_the_run_over_once(node: Node, tmp_path: Path) -> None:

@@ -248,7 +248,7 @@ class TaskRun:
         if self.unit is None:
             worktree.prepare(repo_path, tip, self.wt)
         else:
-            unitrepo.prepare(repo_path, tip, self.unit, self.lease.repo, self.table.zygote)
+            unitrepo.prepare(repo_path, tip, self.unit, self.lease.repo, self.table.git_zygote)
 
     def _env(self, spec: specmod.TaskSpec, step: specmod.Step, index: int) -> dict[str, str]:
         kx = {
@@ -349,7 +349,7 @@ class TaskRun:
                     self.unit,
                     self.repo_path,
                     self.base,
-                    self.table.zygote,
+                    self.table.git_zygote,
                 )
             except unitrepo.SnapshotTooLarge as e:  # the step fails; the repo is untouched
                 log.warning("%s/%s: step %s: %s", *self.key, step.name, e)

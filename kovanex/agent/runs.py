@@ -25,7 +25,7 @@ class RunTable:
         cfg = ctx.cfg
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
         self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
-        self.zygote = self._zygote()
+        self.zygote, self.git_zygote = self._zygotes()
         self.runs: dict[Key, TaskRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()
@@ -33,19 +33,30 @@ class RunTable:
         self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
         self.on_finished: Callable[[str, str], None] = lambda repo, task: None
 
-    def _zygote(self) -> Zygote | None:
-        """The node's zygote forks every unit operation (ADR 0081); without units (no root,
-        `--units none`) steps take the old path, as the agent's user or through setpriv."""
+    def _zygotes(self) -> tuple[Zygote | None, Zygote | None]:
+        """The node's zygotes fork every unit operation (ADR 0081): one without pygit2 for
+        steps (half the size, so each fork and exec costs less), one with it for the
+        units' git work. Without units (no root, `--units none`) there are none, and
+        steps take the old path, as the agent's user or through setpriv."""
         if not self.units or not units.is_root():
-            return None
+            return None, None
         try:
-            return Zygote()
+            steps = Zygote(git=False)
         except OSError as e:
             log.warning("no zygote (%s): unit steps start through setpriv", e)
-            return None
+            return None, None
+        try:
+            return steps, Zygote()
+        except OSError as e:
+            log.warning("no git zygote (%s): unit steps start through setpriv", e)
+            steps.close()
+            return None, None
 
     def zygote_status(self) -> dict[str, Any] | None:
-        return self.zygote.status() if self.zygote is not None else None
+        """The step zygote's pid, up and restarts, and the git zygote's under "git"."""
+        if self.zygote is None or self.git_zygote is None:
+            return None
+        return {**self.zygote.status(), "git": self.git_zygote.status()}
 
     def epoch_of(self, key: Key) -> int | None:
         run = self.runs.get(key)
@@ -96,5 +107,6 @@ class RunTable:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.warning("%d runs did not stop within %.0fs", len(self.runs), timeout)
-        if self.zygote is not None:
-            await asyncio.to_thread(self.zygote.close)
+        for z in (self.zygote, self.git_zygote):
+            if z is not None:
+                await asyncio.to_thread(z.close)
