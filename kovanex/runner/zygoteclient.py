@@ -170,7 +170,12 @@ class Zygote:
                 data = b""
             if not data:
                 break
-            msg = json.loads(data)
+            try:
+                msg = json.loads(data)
+            except ValueError:  # never from our zygote: treat it as dead, and make it so
+                _log.error("zygote (pid %d) sent %r; killing it", life.proc.pid, data[:80])
+                life.proc.kill()
+                break
             if "exit" in msg:
                 with self._lock:
                     fn = life.children.pop(msg["exit"], None)
