@@ -90,15 +90,7 @@ def snapshot(cwd: str, base_tree: str) -> None:
     """`git add -A`, write the tree, and send what the base tree lacks as a pack."""
     repo = pygit2.Repository(cwd)
     index = repo.index
-    gone = [
-        e.path
-        for e in index
-        if not os.path.lexists(p := os.path.join(cwd, e.path))
-        or (os.path.isdir(p) and not os.path.islink(p))
-    ]
-    for path in gone:  # deleted (or now a dir): what `add -A` drops
-        index.remove(path)
-    index.add_all()  # new and modified files, .gitignore honoured
+    index.add_all()  # `add -A`: new, changed and deleted files, .gitignore honoured
     index.write()
     tree_id = index.write_tree()
     os.write(2, f"kovanex-tree {tree_id}\n".encode())

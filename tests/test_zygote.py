@@ -17,6 +17,7 @@ from tests.agentkit import (
     Node,
     clone_with_task,
     exchange_dir,
+    fsck,
     git,
     process_gone,
     trailers_of,
@@ -203,3 +204,59 @@ def test_a_zygote_outlives_the_thread_that_made_it(unit) -> None:
         assert "still-here" in out.read_text()
     finally:
         z.close()
+
+
+def test_the_git_zygote_snapshots_what_git_add_would(unit, tmp_path: Path) -> None:
+    """A task's checkout and a step's snapshot through the git zygote (pygit2, ADR 0081)
+    give the same tree as the setpriv + git path: changed, new, deleted, executable,
+    symlinked and ignored files alike; and the node's repo stays sound."""
+    import subprocess
+
+    from kovanex.runner import taskdirs, unitrepo
+
+    bare = tmp_path / "r.git"
+    work = tmp_path / "w"
+    git("init", "-q", "--bare", str(bare))
+    git("init", "-q", str(work))
+    for name, text in {
+        "a.txt": "A\n",
+        "d/b.txt": "B\n",
+        "gone.txt": "x\n",
+        ".gitignore": "*.log\n",
+    }.items():
+        (work / name).parent.mkdir(exist_ok=True)
+        (work / name).write_text(text)
+    git("add", "-A", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c1", cwd=work)
+    git("push", "-q", str(bare), "HEAD:refs/heads/main", cwd=work)
+    tip = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    edit = (
+        "echo A2 > a.txt; rm gone.txt; mkdir -p e; echo E > e/e.txt; echo run > x.sh; "
+        "chmod +x x.sh; ln -s a.txt link; echo noise > build.log; "
+        "rm d/b.txt; mkdir d/b.txt; echo in > d/b.txt/f"
+    )
+    z = Zygote()
+    trees = []
+    try:
+        for via in (z, None):
+            taskdirs.close_task(unit)
+            taskdirs.open_task(unit, "r", 16)
+            clone = unitrepo.prepare(bare, tip, unit, "r", via)
+            drop = unit.drop_argv()
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(taskdirs.task_root(unit) / "home")}
+            clean = subprocess.run(
+                [*drop, "sh", "-c", "git status --porcelain"], cwd=clone, env=env,
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            assert clean.stdout == "", f"a fresh checkout is not clean: {clean.stdout}"
+            subprocess.run([*drop, "sh", "-c", edit], cwd=clone, env=env, check=True)
+            trees.append(unitrepo.snapshot(clone, unit, bare, tip, via))
+            unitrepo.forget(unit, "r", bare)
+    finally:
+        z.close()
+    assert trees[0] == trees[1], "the zygote's snapshot differs from `git add -A`'s"
+    listing = git("ls-tree", "-r", trees[0], cwd=bare).stdout
+    assert "gone.txt" not in listing and "build.log" not in listing, listing
+    assert "100755 blob" in listing and "120000 blob" in listing and "e/e.txt" in listing
+    assert "d/b.txt/f" in listing, listing
+    fsck(bare)
