@@ -37,7 +37,7 @@ from kovanex.runner.limits import (
 )
 from kovanex.runner.logsink import LogSink
 from kovanex.runner.units import Unit, hidden
-from kovanex.runner.zygoteclient import REPLY_TIMEOUT_S, Zygote, ZygoteLost
+from kovanex.runner.zygoteclient import ZChild, Zygote, spawn_step
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -165,68 +165,6 @@ class _Child:
         return await asyncio.shield(self._exited)
 
 
-class _ZChild:
-    """A step forked by the node's zygote (ADR 0081): the zygote reaps it and tells us its
-    exit code (from its reader thread). If the zygote dies first, wait() raises
-    ZygoteLost; run_step then kills what is left in the unit's cgroup."""
-
-    def __init__(self) -> None:
-        self.pid = 0
-        self.returncode: int | None = None
-        self._loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[int] = self._loop.create_future()
-
-    def exited(self, code: int | None) -> None:
-        self._loop.call_soon_threadsafe(self._done, code)
-
-    def _done(self, code: int | None) -> None:
-        if self._exited.done():
-            return
-        if code is None:
-            self.returncode = -signal.SIGKILL  # lost: only the cgroup says what is alive
-            self._exited.set_exception(ZygoteLost("the node's zygote died during the step"))
-            self._exited.exception()  # retrieved: wait() re-raises it for each caller
-        else:
-            self.returncode = code
-            self._exited.set_result(code)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
-
-
-async def _spawn_zygote(
-    zygote: Zygote, command: str, cwd: Path, env: dict[str, str], fd: int, applied: Applied,
-    unit: Unit,
-) -> _ZChild:  # fmt: skip
-    """`/bin/sh -c command` forked by the zygote: it joins the unit's cgroups, gets the
-    task's private /tmp, drops to the unit and execs, with no wrapper, setpriv or memfd."""
-    procs, rlimits = applied.plan()
-    task, binds = taskdirs.tmp_binds(unit)
-    req = {
-        "op": "exec",
-        "uid": unit.uid,
-        "gid": unit.gid,
-        "procs": procs,
-        "rlimits": rlimits,
-        "binds": binds,
-        "task": task,
-        "cwd": str(cwd),
-        "command": command,
-        "env": env,
-    }
-    child = _ZChild()
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        forked = zygote.submit(req, [null, fd, fd], child.exited)
-    finally:
-        os.close(null)
-    try:
-        child.pid = await asyncio.wait_for(asyncio.wrap_future(forked), REPLY_TIMEOUT_S)
-    except TimeoutError:
-        raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
-    return child
-
-
 async def _spawn(
     command: str,
     *,
@@ -292,7 +230,7 @@ async def _spawn(
     )
 
 
-_Proc = _Child | _ZChild | asyncio.subprocess.Process
+_Proc = _Child | ZChild | asyncio.subprocess.Process
 _spawn_pool: ThreadPoolExecutor | None = None
 _spawn_pool_lock = threading.Lock()
 
@@ -438,7 +376,7 @@ async def run_step(
     mechanism = applied.mechanism
     try:
         if zygote is not None and unit is not None:
-            proc: _Proc = await _spawn_zygote(zygote, command, cwd, env, fd, applied, unit)
+            proc: _Proc = await spawn_step(zygote, command, cwd, env, fd, applied, unit)
         else:
             proc = await _spawn(
                 command,

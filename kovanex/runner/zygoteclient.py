@@ -10,6 +10,7 @@ zygote starts at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -27,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import kovanex
-from kovanex.runner.limits import ROOT_ENV
+from kovanex.runner import taskdirs
+from kovanex.runner.limits import ROOT_ENV, Applied
+from kovanex.runner.units import Unit
 
 _log = logging.getLogger("kovanex.zygote")
 REPLY_TIMEOUT_S = 30.0  # a fork answers in milliseconds; this is a stuck zygote
@@ -288,3 +291,65 @@ class ZProc:
         if not self._done.is_set():  # reaped, its pid may be another process's
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+
+
+class ZChild:
+    """A step forked by the node's zygote (ADR 0081): the zygote reaps it and tells us its
+    exit code (from its reader thread). If the zygote dies first, wait() raises
+    ZygoteLost; run_step then kills what is left in the unit's cgroup."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.returncode: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+
+    def exited(self, code: int | None) -> None:
+        self._loop.call_soon_threadsafe(self._done, code)
+
+    def _done(self, code: int | None) -> None:
+        if self._exited.done():
+            return
+        if code is None:
+            self.returncode = -signal.SIGKILL  # lost: only the cgroup says what is alive
+            self._exited.set_exception(ZygoteLost("the node's zygote died during the step"))
+            self._exited.exception()  # retrieved: wait() re-raises it for each caller
+        else:
+            self.returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+async def spawn_step(
+    zygote: Zygote, command: str, cwd: Path, env: dict[str, str], fd: int, applied: Applied,
+    unit: Unit,
+) -> ZChild:  # fmt: skip
+    """`/bin/sh -c command` forked by the step zygote, for process.run_step: it joins the unit's cgroups, gets the
+    task's private /tmp, drops to the unit and execs, with no wrapper, setpriv or memfd."""
+    procs, rlimits = applied.plan()
+    task, binds = taskdirs.tmp_binds(unit)
+    req = {
+        "op": "exec",
+        "uid": unit.uid,
+        "gid": unit.gid,
+        "procs": procs,
+        "rlimits": rlimits,
+        "binds": binds,
+        "task": task,
+        "cwd": str(cwd),
+        "command": command,
+        "env": env,
+    }
+    child = ZChild()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        forked = zygote.submit(req, [null, fd, fd], child.exited)
+    finally:
+        os.close(null)
+    try:
+        child.pid = await asyncio.wait_for(asyncio.wrap_future(forked), REPLY_TIMEOUT_S)
+    except TimeoutError:
+        raise ZygoteLost(f"the zygote did not answer in {REPLY_TIMEOUT_S:g}s") from None
+    return child
