@@ -6,6 +6,10 @@ run `true` as the unit, snapshot, close the task. Reports p50/p95 per phase and 
 CPU (this process + reaped children) per task. Runs on the code on PYTHONPATH, so the
 same file measures the code before per-task state (clone reuse) and after it.
 
+With the node's zygote (issue 22 part 2, ADR 0081; `--no-zygote` for the setpriv path of
+the same code), the CPU per task also counts the zygote's (its own and its reaped
+children's, from /proc), since those children are not this process's.
+
 Needs root (units are users). Run: .venv/bin/python -m bench.unit_task_bench [--tasks 100]
 """
 
@@ -31,21 +35,39 @@ try:
     from kovanex.runner import taskdirs
 except ImportError:  # the code before per-task state
     taskdirs = None  # type: ignore[assignment]
+try:
+    from kovanex.runner.zygoteclient import Zygote
+except ImportError:  # the code before the zygote
+    Zygote = None  # type: ignore[assignment,misc]
 DISK_MB = 1024  # [units] disk_mb's default: the task's dirs are a tmpfs of this size
 
 PHASES = ("open", "prepare", "run", "snapshot", "close")
 
 
-def _cpu() -> float:
+def _cpu(zygotes: tuple = ()) -> float:
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    own = t.user + t.system + t.children_user + t.children_system
+    for z in zygotes:
+        with open(f"/proc/{z.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        own += ticks / os.sysconf("SC_CLK_TCK")
+    return own
 
 
-async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict[str, float]:
+async def _task(
+    unit: unitsmod.Unit, bare: Path, commit: str, log: Path, zygotes: tuple = ()
+) -> dict[str, float]:
+    """One task; `zygotes`: (step zygote, git zygote), as the agent runs them, or ()."""
+    zygote, git = zygotes or (None, None)
+    z = {"zygote": zygote} if zygote is not None else {}
+    zg = {"zygote": git} if git is not None else {}
     t = [time.perf_counter()]
     dirs = taskdirs.open_task(unit, "demo", DISK_MB) if taskdirs else None
     t.append(time.perf_counter())
-    clone = await asyncio.to_thread(unitrepo.prepare, bare, commit, unit, "demo")
+    clone = await asyncio.to_thread(
+        lambda: unitrepo.prepare(bare, commit, unit, "demo", **zg)  # type: ignore[arg-type]
+    )
     t.append(time.perf_counter())
     home = str(dirs.home) if dirs else str(unit.path)
     out = await run_step(
@@ -55,12 +77,17 @@ async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict
         timeout_s=30,
         log_path=log,
         unit=unit,
+        **z,  # type: ignore[arg-type]
     )
     if out.result != "ok":
         raise SystemExit(f"step failed: {out} (see {log})")
     t.append(time.perf_counter())
-    await asyncio.to_thread(unitrepo.snapshot, clone, unit, bare, commit)
+    await asyncio.to_thread(
+        lambda: unitrepo.snapshot(clone, unit, bare, commit, **zg)  # type: ignore[arg-type]
+    )
     t.append(time.perf_counter())
+    if zygote is not None:
+        zygote.forget(unit.uid)  # type: ignore[attr-defined]  # as the executor does
     if taskdirs:
         taskdirs.close_task(unit)  # inline, as the executor does
         unitrepo.forget(unit, "demo", bare)
@@ -68,7 +95,7 @@ async def _task(unit: unitsmod.Unit, bare: Path, commit: str, log: Path) -> dict
     return {p: (t[i + 1] - t[i]) * 1000 for i, p in enumerate(PHASES)}
 
 
-async def main(tasks: int) -> None:
+async def main(tasks: int, use_zygote: bool = True) -> None:
     if os.geteuid() != 0:
         raise SystemExit("unit_task_bench needs root: units are Linux users")
     base = Path(tempfile.mkdtemp(prefix="kovanex-unit-task-bench-", dir="/var/tmp"))
@@ -77,23 +104,27 @@ async def main(tasks: int) -> None:
     node = f"b{uuid.uuid4().hex[:6]}"
     units = unitsmod.units_for(node, 1, mode=unitsmod.USERS, root=str(base / "u"), create=True)
     samples: dict[str, list[float]] = {p: [] for p in (*PHASES, "total")}
+    zygotes = (Zygote(git=False), Zygote()) if Zygote is not None and use_zygote else ()
     try:
         for _ in range(5):  # warm-up
-            await _task(units[0], bare, commit, base / "step.log")
-        cpu0 = _cpu()
+            await _task(units[0], bare, commit, base / "step.log", zygotes)
+        cpu0 = _cpu(zygotes)
         for _ in range(tasks):
-            one = await _task(units[0], bare, commit, base / "step.log")
+            one = await _task(units[0], bare, commit, base / "step.log", zygotes)
             for p, v in one.items():
                 samples[p].append(v)
             samples["total"].append(sum(one.values()))
-        cpu = (_cpu() - cpu0) / tasks * 1000
+        cpu = (_cpu(zygotes) - cpu0) / tasks * 1000
     finally:
+        for zy in zygotes:
+            zy.close()
         # remove_units moved to taskdirs (issue 25); older code has units.remove
         remove = getattr(taskdirs, "remove_units", None) or unitsmod.remove
         remove(units, delete_users=True)
         shutil.rmtree(base, ignore_errors=True)
     rows = [[p, f"{pct(s, 50):.2f}", f"{pct(s, 95):.2f}"] for p, s in samples.items()]
     per_task = "per-task dirs" if taskdirs else "clone reuse"
+    per_task += ", zygotes" if zygotes else ", setpriv"
     print(
         f"unit task cost ({per_task}), {tasks} tasks, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}; CPU {cpu:.2f} ms/task (agent + children)"
@@ -104,6 +135,7 @@ async def main(tasks: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=100)
+    ap.add_argument("--no-zygote", action="store_true", help="the setpriv path (no zygote)")
     args = ap.parse_args()
-    asyncio.run(main(args.tasks))
+    asyncio.run(main(args.tasks, not args.no_zygote))
     sys.exit(0)

@@ -23,9 +23,10 @@ from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.proc import signal_group
 from kovanex.runner import logs as runlogs
-from kovanex.runner import taskdirs, unitrepo, worktree
+from kovanex.runner import taskdirs, unitrepo, units, worktree
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import run_step, step_env
+from kovanex.runner.zygoteclient import ZygoteLost
 
 if TYPE_CHECKING:
     from kovanex.agent.context import NodeContext
@@ -99,6 +100,14 @@ class TaskRun:
             log.info("%s/%s stood down: %s", *self.key, e)
             if self.remote is not None:
                 await self._hand_back()
+        except ZygoteLost as e:
+            # The step (or the unit's git work) died with the zygote, or may still run as
+            # an orphan: run_step killed the unit's cgroup; the task goes back to the queue
+            # under a new epoch, so it runs again, and never twice at this one (ADR 0081).
+            log.warning("%s/%s: %s; failing the run over", *self.key, e)
+            if self.unit is not None:
+                units.reset(self.unit)
+            await self._hand_back(f"the zygote on {self.lease.node} died during the run")
         except Exception:
             self.crashed = True
             log.exception("%s/%s: run crashed; it resumes on the next reconcile", *self.key)
@@ -118,6 +127,8 @@ class TaskRun:
         """Nothing of this task survives into the unit's next one: its dirs go (no
         step of it runs: each step ends with its unit's cgroup killed). Inline, not in a
         thread: a tmpfs goes with one umount, and a cancel here must not leak the slot."""
+        if self.table.zygote is not None:
+            self.table.zygote.forget(unit.uid)  # the task's /tmp namespace goes with it
         try:
             taskdirs.close_task(unit)
         except Exception:  # noqa: BLE001 - the next open_task removes it again
@@ -126,9 +137,10 @@ class TaskRun:
             unitrepo.forget(unit, self.lease.repo, self.repo_path)
             self.table.slots.give_unit(unit.index)
 
-    async def _hand_back(self) -> None:
+    async def _hand_back(self, why: str = "") -> None:
         """A remote run that stops while its lease is still current (e.g. the owner was
-        unreachable too long) must free the task: nobody else would, as we are alive."""
+        unreachable too long) must free the task: nobody else would, as we are alive.
+        A local run whose zygote died (`why`) is requeued the same way."""
         try:
             view = await self._call(self.ledger.read, self.lease.task_id)
             if (
@@ -137,7 +149,7 @@ class TaskRun:
                 and view.state in (taskcore.PLACED, taskcore.RUNNING)
                 and not self.ctx.stop_event.is_set()
             ):
-                tr = taskcore.requeue(view, f"runner {self.lease.node} could not continue")
+                tr = taskcore.requeue(view, why or f"runner {self.lease.node} could not continue")
                 await self._call(
                     self.ledger.append,
                     self.lease.task_id,
@@ -253,7 +265,7 @@ class TaskRun:
         if self.unit is None:
             worktree.prepare(repo_path, tip, self.wt)
         else:
-            unitrepo.prepare(repo_path, tip, self.unit, self.lease.repo)
+            unitrepo.prepare(repo_path, tip, self.unit, self.lease.repo, self.table.git_zygote)
 
     def _env(self, spec: specmod.TaskSpec, step: specmod.Step, index: int) -> dict[str, str]:
         kx = {
@@ -320,6 +332,7 @@ class TaskRun:
             unit=self.unit,
             hide=self._hidden(),
             log_max_bytes=self.ctx.cfg.limits.node_log_bytes,
+            zygote=self.table.zygote,
         )
         self._forget_pid()
         if self.cancel.is_set():
@@ -348,7 +361,12 @@ class TaskRun:
             # Never write into the unit's clone as root: the log joins the tree here.
             try:
                 tree = await asyncio.to_thread(
-                    unitrepo.snapshot, self.wt, self.unit, self.repo_path, self.base
+                    unitrepo.snapshot,
+                    self.wt,
+                    self.unit,
+                    self.repo_path,
+                    self.base,
+                    self.table.git_zygote,
                 )
             except unitrepo.SnapshotTooLarge as e:  # the step fails; the repo is untouched
                 log.warning("%s/%s: step %s: %s", *self.key, step.name, e)
@@ -401,6 +419,7 @@ class TaskRun:
             unit=self.unit,
             hide=self._hidden(),
             log_max_bytes=self.ctx.cfg.limits.node_log_bytes,
+            zygote=self.table.zygote,
         )
         raise StandDown(self.why or "service stopped")
 

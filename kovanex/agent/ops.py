@@ -36,6 +36,7 @@ class ControlOps:
                 "runners": {"total": a.runs.slots.total, "used": a.runs.slots.used},
                 "cordoned": a.cluster.cordoned,  # no new placements here (CordonNode)
                 "isolation": a.runs.isolation,
+                "zygote": a.runs.zygote_status(),  # pid, up, restarts (ADR 0081)
                 "network": a.network.line,
                 "running": [f"{r}/{t}" for r, t in sorted(a.runs.runs)],
                 "pending": [f"{r}/{t}" for r, t in sorted(a.scheduler.pending)],

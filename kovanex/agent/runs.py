@@ -13,6 +13,7 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.executor import TaskRun
 from kovanex.gitstate.ledger import Lease
 from kovanex.runner import RunnerSlots, taskdirs, units
+from kovanex.runner.zygoteclient import Zygote
 
 log = logging.getLogger("kovanex.agent")
 Key = tuple[str, str]
@@ -26,12 +27,38 @@ class RunTable:
         self.units, self.isolation = units.start(cfg)  # runner slot n runs as units[n]
         for u in self.units:  # no clone, HOME or tmp of an earlier task survives a restart
             taskdirs.clear_unit(u)
+        self.zygote, self.git_zygote = self._zygotes()
         self.runs: dict[Key, TaskRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         # wired by the agent: where a run reports a tip it wrote, and that it ended
         self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
         self.on_finished: Callable[[str, str], None] = lambda repo, task: None
+
+    def _zygotes(self) -> tuple[Zygote | None, Zygote | None]:
+        """The node's zygotes fork every unit operation (ADR 0081): one without pygit2 for
+        steps (half the size, so each fork and exec costs less), one with it for the
+        units' git work. Without units (no root, `--units none`) there are none, and
+        steps take the old path, as the agent's user or through setpriv."""
+        if not self.units or not units.is_root():
+            return None, None
+        try:
+            steps = Zygote(git=False)
+        except OSError as e:
+            log.warning("no zygote (%s): unit steps start through setpriv", e)
+            return None, None
+        try:
+            return steps, Zygote()
+        except OSError as e:
+            log.warning("no git zygote (%s): unit steps start through setpriv", e)
+            steps.close()
+            return None, None
+
+    def zygote_status(self) -> dict[str, Any] | None:
+        """The step zygote's pid, up and restarts, and the git zygote's under "git"."""
+        if self.zygote is None or self.git_zygote is None:
+            return None
+        return {**self.zygote.status(), "git": self.git_zygote.status()}
 
     def epoch_of(self, key: Key) -> int | None:
         run = self.runs.get(key)
@@ -82,3 +109,6 @@ class RunTable:
             await self.ctx.clock.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.warning("%d runs did not stop within %.0fs", len(self.runs), timeout)
+        for z in (self.zygote, self.git_zygote):
+            if z is not None:
+                await asyncio.to_thread(z.close)

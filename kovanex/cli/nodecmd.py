@@ -319,6 +319,14 @@ def cmd_status(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         print(f"isolation {st['isolation']}")
     if "network" in st:
         print(f"network {st['network']}")
+    if z := st.get("zygote"):
+        state = "up" if z["up"] else "DOWN (restarting)"
+        g = z.get("git") or {}
+        gstate = "up" if g.get("up") else "DOWN (restarting)"
+        print(
+            f"zygote pid {z['pid']} {state}, restarts {z['restarts']}; "
+            f"git zygote pid {g.get('pid')} {gstate}, restarts {g.get('restarts')}"
+        )
     g = st.get("gossip") or {}
     if g:
         if g.get("gossip_encrypted"):

@@ -265,6 +265,11 @@ class Applied:
             return [*argv, prologue + command], None
         return [*step, prologue + command], self.preexec
 
+    def plan(self) -> tuple[list[str], list[tuple[int, int, int]]]:
+        """The cgroup.procs files a step joins and its rlimits: what a zygote child does
+        itself, as root, before its drop (ADR 0081), in place of argv()'s wrappers."""
+        return list(self._procs), list(self._rlimits)
+
     def _env_fd(self, env: dict[str, str]) -> int:
         """A sealed-off memfd holding `export K='v'` lines, for the step's shell to source."""
         lines = [f"unset {k}" for k in ROOT_ENV if k not in env]

@@ -38,6 +38,7 @@ from kovanex.runner.limits import (
 )
 from kovanex.runner.logsink import LogSink
 from kovanex.runner.units import Unit, hidden
+from kovanex.runner.zygoteclient import ZChild, Zygote, spawn_step
 
 KILL_GRACE_S = 2.0
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -207,7 +208,7 @@ async def _spawn(
     )
 
 
-_Proc = _Child | asyncio.subprocess.Process
+_Proc = _Child | ZChild | asyncio.subprocess.Process
 _spawn_pool: ThreadPoolExecutor | None = None
 _spawn_pool_lock = threading.Lock()
 
@@ -313,6 +314,7 @@ async def run_step(
     unit: Unit | None = None,
     hide: list[Path] | None = None,
     log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
+    zygote: Zygote | None = None,
 ) -> StepOutcome:
     """Run `/bin/sh -c command`, streaming stdout+stderr to `log_path` (appended).
 
@@ -323,7 +325,9 @@ async def run_step(
     (see _Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline. With a compute `unit`, the step runs as the unit's uid inside the
     unit's cgroup (see units.py). `hide`: dirs covered by an empty tmpfs in a mount
-    namespace, the isolation left without root (units.hidden).
+    namespace, the isolation left without root (units.hidden). `zygote`: with a unit,
+    the node's zygote forks the step (ADR 0081); ZygoteLost if it dies meanwhile (the
+    step's tree is killed first).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -342,16 +346,19 @@ async def run_step(
         raise
     mechanism = applied.mechanism
     try:
-        proc = await _spawn(
-            command,
-            cwd=cwd,
-            env=env,
-            fd=fd,
-            applied=applied,
-            fast=fast_spawn,
-            hide=hide,
-            unit=unit,
-        )
+        if zygote is not None and unit is not None:
+            proc: _Proc = await spawn_step(zygote, command, cwd, env, fd, applied, unit)
+        else:
+            proc = await _spawn(
+                command,
+                cwd=cwd,
+                env=env,
+                fd=fd,
+                applied=applied,
+                fast=fast_spawn,
+                hide=hide,
+                unit=unit,
+            )
         applied.close_fds()
     except (OSError, subprocess.SubprocessError) as exc:
         applied.close_fds()

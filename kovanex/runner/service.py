@@ -20,6 +20,7 @@ from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
 from kovanex.runner.limits import Limits
 from kovanex.runner.process import KILL_GRACE_S, KILLED, _append, run_step
 from kovanex.runner.units import Unit
+from kovanex.runner.zygoteclient import Zygote
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ async def supervise(
     unit: Unit | None = None,
     hide: list[Path] | None = None,
     log_max_bytes: int = DEFAULT_LIMITS.node_log_bytes,
+    zygote: Zygote | None = None,
 ) -> ServiceOutcome:
     """Run `command` until `cancel` is set, restarting it whenever it exits.
 
@@ -73,6 +75,7 @@ async def supervise(
             unit=unit,
             hide=hide,
             log_max_bytes=log_max_bytes,
+            zygote=zygote,
         )
         mechanism, last_result = out.limit_mechanism, out.result
         if out.result == KILLED:

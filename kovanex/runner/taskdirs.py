@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def open_task(unit: Unit, repo: str, disk_mb: int = 0) -> TaskDirs:
         os.mkdir(d, 0o700)
         os.chown(d, unit.uid, unit.gid)
     if namespace_works():
-        lines = [
+        lines = [f"# kovanex-task {uuid.uuid4().hex}"]  # this task's key (tmp_binds)
+        lines += [
             f"{_fstab_path(root / src)} {dst} none bind 0 0"
             for src, dst in _BINDS
             if dst not in _hidden_by(unit) and os.path.isdir(dst)
@@ -146,6 +148,24 @@ def open_task(unit: Unit, repo: str, disk_mb: int = 0) -> TaskDirs:
 def _fstab_path(p: Path) -> str:
     """fstab fields are split on blanks: octal escapes, as fstab(5) says."""
     return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(p))
+
+
+def tmp_binds(unit: Unit) -> tuple[str, list[tuple[str, str]]]:
+    """The open task's key and the (source, target) of each bind that gives its steps
+    their own /tmp, as the fstab private_tmp mounts says: the zygote makes them itself,
+    once per task (the key: a new task never joins an old one's namespace; ADR 0081)."""
+    try:
+        with open(unit.path / "fstab") as f:
+            key = f.readline().strip()
+    except FileNotFoundError:
+        return "", []
+    root = task_root(unit)
+    binds = [
+        (str(root / src), dst)
+        for src, dst in _BINDS
+        if dst not in _hidden_by(unit) and os.path.isdir(dst)
+    ]
+    return key, binds
 
 
 def private_tmp(unit: Unit, argv: list[str]) -> list[str]:

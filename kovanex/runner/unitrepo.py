@@ -34,6 +34,7 @@ from kovanex.gitstate import gitcli
 from kovanex.runner import taskdirs
 from kovanex.runner.units import Unit
 from kovanex.runner.worktree import NODE_GIT_CONFIG, WorktreeError
+from kovanex.runner.zygoteclient import ZProc, Zygote
 
 # Config for git run as the unit: command-line level, so the clone's own config
 # (which a step may have edited) cannot turn on hooks, fsmonitor or filters.
@@ -104,6 +105,12 @@ def _unit_env(unit: Unit) -> dict[str, str]:
         env[f"GIT_CONFIG_KEY_{i}"] = k
         env[f"GIT_CONFIG_VALUE_{i}"] = v
     return env
+
+
+def _as_unit_req(unit: Unit) -> dict[str, object]:
+    """What a zygote child needs to become the unit: its ids, and its cgroups to join."""
+    procs = [str(d / "cgroup.procs") for _, d in unit.cgroups]
+    return {"uid": unit.uid, "gid": unit.gid, "procs": procs}
 
 
 def _as_unit(unit: Unit, script: str, *args: str) -> list[str]:
@@ -197,9 +204,10 @@ def checkout_of(store: pygit2.Repository, tip: str) -> str:
     return str(c.id)
 
 
-def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
+def prepare(bare: Path, commit: str, unit: Unit, repo: str, zygote: Zygote | None = None) -> Path:
     """Check `commit`'s tree out in the unit's clone of `repo`, at `checkout_of(commit)`;
-    the tree is exactly `commit`'s."""
+    the tree is exactly `commit`'s. With the node's `zygote`, a task's first checkout is
+    pygit2 in a child of it, dropped to the unit (ADR 0081); else setpriv + git."""
     bare = bare.absolute()
     commit = checkout_of(pygit2.Repository(str(bare)), commit)
     dest = clone_path(unit, repo)
@@ -209,7 +217,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     with _have_lock:
         have = _have.pop(key, None)
     if not have and dest.is_dir() and not os.listdir(dest):  # as open_task made it
-        _fill(bare, commit, dest, unit)
+        _fill(bare, commit, dest, unit, zygote)
         with _have_lock:
             _have[key] = commit
         return dest
@@ -244,7 +252,7 @@ def prepare(bare: Path, commit: str, unit: Unit, repo: str) -> Path:
     raise WorktreeError(f"prepare unit clone {dest} at {commit}: {err.strip()}")
 
 
-def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
+def _fill(bare: Path, commit: str, dest: Path, unit: Unit, zygote: Zygote | None) -> None:
     """A task's first checkout, in a dir no unit process has seen (taskdirs.open_task).
 
     Root may write there until the unit first runs: the repo skeleton and a pack of the
@@ -267,6 +275,15 @@ def _fill(bare: Path, commit: str, dest: Path, unit: Unit) -> None:
                 os.lchown(os.path.join(top, name), unit.uid, unit.gid)
     except OSError as e:
         raise WorktreeError(f"prepare {dest}: {e}") from e
+    if zygote is not None:
+        req = {"op": "checkout", "cwd": str(dest), "commit": commit, **_as_unit_req(unit)}
+        proc = ZProc(zygote, req)
+        proc.stdout.close()
+        err = proc.stderr.read()
+        proc.stderr.close()
+        if proc.wait() != 0:
+            raise WorktreeError(f"checkout {commit} in {dest}: {err.decode().strip()}")
+        return
     out = subprocess.run(
         [*unit.drop_argv(), "git", "checkout", "-q", "--force", "--detach", commit],
         stdin=subprocess.DEVNULL,
@@ -370,25 +387,31 @@ def _bounded_pack(fd: int, cap: int) -> bytes | BinaryIO | None:
     return spill
 
 
-def snapshot(clone: Path, unit: Unit, bare: Path, base: str) -> str:
+def snapshot(clone: Path, unit: Unit, bare: Path, base: str, zygote: Zygote | None = None) -> str:
     """Tree of what the step left in its clone (add -A as the unit), copied into `bare`.
 
     Only objects not reachable from `base` (the commit the step started from) cross.
     The unit names the tree; the node checks it landed as a tree in `bare`, and that a
-    tree the unit sent no pack for is the base's own.
+    tree the unit sent no pack for is the base's own. With the node's `zygote`, the unit's
+    half is pygit2 in a child of it (zygotegit.snapshot), not setpriv + sh + git.
     """
     bare = bare.absolute()
     store = pygit2.Repository(str(bare))
     base = checkout_of(store, base)  # what prepare checked out: the clone holds it
     base_tree = str(store[base].peel(pygit2.Tree).id)
-    prod = subprocess.Popen(
-        _as_unit(unit, _SNAPSHOT, base, base_tree),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_unit_env(unit),
-        cwd=clone,
-    )
+    prod: subprocess.Popen[bytes] | ZProc
+    if zygote is not None:
+        req = {"op": "snapshot", "cwd": str(clone), "base_tree": base_tree}
+        prod = ZProc(zygote, {**req, **_as_unit_req(unit)})
+    else:
+        prod = subprocess.Popen(
+            _as_unit(unit, _SNAPSHOT, base, base_tree),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_unit_env(unit),
+            cwd=clone,
+        )
     assert prod.stdout is not None and prod.stderr is not None
     head = _read_line(prod.stdout.fileno())
     c_rc, c_err = 0, b""
