@@ -147,7 +147,7 @@ def unit():
     )
     taskdirs.open_task(made[0], "r", 16)
     yield made[0]
-    unitsmod.remove(made, delete_users=True)
+    taskdirs.remove_units(made, delete_users=True)
 
 
 def _exec(z: Zygote, unit, command: str, out: Path, ids: dict | None = None) -> int:
