@@ -64,21 +64,28 @@ def node(tmp_path: Path):
     n.stop()
 
 
-def _unit_users() -> set[str]:
+def _unit_users() -> dict[str, str]:
+    """kx- users -> their comment (`kovanex unit <path>`, units.py)."""
     import pwd
 
-    return {p.pw_name for p in pwd.getpwall() if p.pw_name.startswith("kx-")}
+    return {p.pw_name: p.pw_gecos for p in pwd.getpwall() if p.pw_name.startswith("kx-")}
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _remove_unit_users_made_by_this_run():
+def _remove_unit_users_made_by_this_run(tmp_path_factory: pytest.TempPathFactory):
     """Units are per node identity (ADR 0071): every test node makes users of its own.
-    Remove the ones this run made, so runs on one host never exhaust the id range."""
-    before = _unit_users() if os.geteuid() == 0 else set()
+    Remove the ones this run made, so runs on one host never exhaust the id range; only
+    those whose unit path is this run's own, since another run or cluster on the host
+    may have made users meanwhile and still be using them."""
+    from tests.agentkit import UNITS_BASE
+
+    before = set(_unit_users()) if os.geteuid() == 0 else set()
     yield
     if os.geteuid() != 0:
         return
     import subprocess
 
-    for name in sorted(_unit_users() - before):
-        subprocess.run(["userdel", name], capture_output=True)
+    ours = tuple(f"kovanex unit {d}/" for d in (UNITS_BASE, tmp_path_factory.getbasetemp()))
+    for name, comment in sorted(_unit_users().items()):
+        if name not in before and comment.startswith(ours):
+            subprocess.run(["userdel", name], capture_output=True)

@@ -196,7 +196,9 @@ def _bound(ctrl: str, d: Path, b: Bounds) -> None:
         raise UnitError(f"cannot bound cgroup {d}: {e}; run as root") from e
 
 
-def _ensure_user(name: str) -> tuple[int, int]:
+def _ensure_user(name: str, path: Path) -> tuple[int, int]:
+    """The unit's user, made if missing. Its comment names the unit's path, so an
+    operator (or a test run cleaning up) can tell whose unit a `kx-` user is."""
     try:
         pw = pwd.getpwnam(name)
         return pw.pw_uid, pw.pw_gid
@@ -216,6 +218,8 @@ def _ensure_user(name: str) -> tuple[int, int]:
         "/nonexistent",
         "--shell",
         "/usr/sbin/nologin",
+        "--comment",
+        f"kovanex unit {path}"[:200],
         name,
     ]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -297,7 +301,7 @@ def units_for(
         if mode == USERS:
             name = user_name(node, n)
             if create:
-                uid, gid = _ensure_user(name)
+                uid, gid = _ensure_user(name, base / f"unit-{n}")
             else:
                 try:
                     pw = pwd.getpwnam(name)
