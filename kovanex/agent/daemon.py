@@ -186,6 +186,7 @@ class Agent:
         self.replicas.ownership.on_demoted = self.remote.demoted
         self.upkeep.quiet = self._unwatch
         self.upkeep.loud = self._rewatch
+        self.sweeper.busy = lambda repo: repo in self.upkeep.rewriting
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract

@@ -83,6 +83,7 @@ class UpkeepService:
         # watches it again and the repo is read once (RefWatcher.pause)
         self.quiet: Callable[[str], None] = lambda repo: None
         self.loud: Callable[[str], None] = lambda repo: None
+        self.rewriting: set[str] = set()  # repos whose refs a job is rewriting now
 
     def _load(self) -> dict[str, float]:
         try:
@@ -135,9 +136,11 @@ class UpkeepService:
         """The ref watcher leaves the repo alone while we rewrite its refs by the thousand
         (their echo cost ~60 MB of RSS at 10,000 tasks), then the repo is read once."""
         self.quiet(repo)
+        self.rewriting.add(repo)
         try:
             yield
         finally:
+            self.rewriting.discard(repo)
             self.loud(repo)
 
     async def _archive(self, repo: str, path: Path) -> int:
