@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import logging
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
+from kovanex.agent.heaptrim import trim_heap
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import upkeep
 from kovanex.gitstate import gitcli, tipscan
@@ -46,10 +46,7 @@ def release_memory() -> None:
     the freed heap back: Python and glibc keep it otherwise, and idle RSS would carry a
     one-off peak for the agent's lifetime."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
+    trim_heap()  # not glibc: nothing to trim
 
 
 def maintenance_commands(path: Path) -> list[list[str]]:
