@@ -24,7 +24,7 @@ from kovanex.testing import FakeClock
 from tests.test_agent_services import Node
 
 DAY = 86400.0
-ANSWER_S = 5.0  # a request that waits this long for the loop did not get an answer
+ANSWER_S = 10.0  # a request that waits this long for the loop did not get an answer
 
 
 async def no_fence() -> None:
