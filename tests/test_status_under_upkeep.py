@@ -72,19 +72,20 @@ def test_a_sweep_does_not_list_a_repo_while_upkeep_rewrites_its_refs(tmp_path: P
     upkeep = UpkeepService(ctx, n.repos, lambda key: None, n.ctx.layout.upkeep_file)
     sweeper = Sweeper(n.repos, n.sched, lambda repo: None, no_fence)
     sweeper.busy = lambda repo: repo in upkeep.rewriting  # as the agent wires it
-    store = n.led.store
-    real = store.refs
+    real = n.sched.reconcile_repo
     listed = {"rewriting": 0, "after": 0}
     sweeps_meanwhile = 0
 
-    def counted(prefix: str) -> dict[str, str]:
-        listed["rewriting" if "r" in upkeep.rewriting else "after"] += 1
-        return real(prefix)
+    async def counted(repo: str, force: bool = False) -> None:
+        # counted when the sweep decides to list (a listing already under way when the
+        # job starts runs on in its thread: that one is not the sweep's decision)
+        listed["rewriting" if repo in upkeep.rewriting else "after"] += 1
+        await real(repo, force)
 
     async def go() -> None:
         nonlocal sweeps_meanwhile
         await sweeper.sweep()  # the first, full listing
-        store.refs = counted  # type: ignore[method-assign]
+        n.sched.reconcile_repo = counted  # type: ignore[method-assign]
         jobs = asyncio.create_task(upkeep.run_due())
         while not jobs.done():
             if "r" in upkeep.rewriting:
