@@ -30,6 +30,7 @@ from kovanex.agent.executor import kill_orphan
 from kovanex.agent.failover import Failover
 from kovanex.agent.halting import ConsistentWork
 from kovanex.agent.healthsvc import HealthService
+from kovanex.agent.heaptrim import IdleTrim
 from kovanex.agent.hookserver import HookServer
 from kovanex.agent.leaderwork import LeaderWork
 from kovanex.agent.metrics import Metrics
@@ -86,6 +87,7 @@ class Agent:
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
         self.runs = RunTable(ctx)
+        self.heap = IdleTrim(lambda: bool(self.runs.runs))  # freed heap back when idle
         self.network = netpolicy.for_node(  # closes the node's own ports to its units
             units.unit_key(cfg),
             [u.uid for u in self.runs.units],
@@ -206,6 +208,7 @@ class Agent:
         self.replicas.ownership.on_demoted = self.remote.demoted
         self.upkeep.quiet = self._unwatch
         self.upkeep.loud = self._rewatch
+        self.sweeper.busy = lambda repo: repo in self.upkeep.rewriting
         self.scheduler.watch_lease = self.deadline.watch
         self.scheduler.announce = self._announce
         self.scheduler.lease_over = self._retract
@@ -246,6 +249,8 @@ class Agent:
     def _ran(self, repo: str, task_id: str) -> None:
         self.dispatcher.ran(repo, task_id)
         self.remote.ran(repo, task_id)
+        if not self.runs.runs:
+            self.heap.idle()
 
     def _synced(self) -> None:
         """State synced after a quorum loss (core/rejoin.py): place what waited, and start
@@ -444,6 +449,7 @@ class Agent:
         runs stand down first and the listeners (event streams included) go last."""
         t = STEP_TIMEOUT_S
         await bounded(watch, "hooks", self.hooks.close(), t)
+        self.heap.cancel()
         for w in workers:
             w.cancel()
         await bounded(watch, "runs", self.runs.stop(RUNS_TIMEOUT_S), RUNS_TIMEOUT_S + 0.5)

@@ -127,12 +127,15 @@ class Sweeper:
         self.watch = watch
         self.fence = fence
         self.every = every
+        # wired: upkeep is rewriting this repo's refs (an archive, pack-refs); its loose
+        # refs change by the thousand, and the repo is read once when it is done
+        self.busy: Callable[[str], bool] = lambda repo: False
 
     async def sweep(self) -> None:
         for repo in self.repos.refresh():
             self.watch(repo)
         for repo in self.repos.owned():
-            await self.scheduler.sweep_repo(repo)
+            await self.scheduler.sweep_repo(repo, listing=not self.busy(repo))
         await self.fence()
         await self.scheduler.schedule_pending()
 

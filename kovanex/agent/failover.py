@@ -41,9 +41,11 @@ class Failover:
         self.tracked: Callable[[], Iterable[tuple[str, str]]] | None = None
         # with coordination on, the leader re-places absolute-consistency tasks (ADR 0036)
         self.leader_decides: Callable[[str, str], bool] = lambda repo, task: False
+        self._peers = asyncio.Event()  # set on any member event (probe_suspects wakes)
 
     def on_member_event(self, topic: str, member: Any) -> None:
         """Membership changed: capacity may have appeared, or a lease holder died."""
+        self._peers.set()  # someone else is (or was) there: suspects are possible again
         if topic in ("member-failed", "member-leave"):
             asyncio.get_running_loop().create_task(self.requeue_held_by(member.name))
         elif topic == "member-join":
@@ -122,12 +124,25 @@ class Failover:
         for name in scheduler.failed_holders(views, status, self.ctx.name):
             await self.requeue_held_by(name)
 
+    def _has_peers(self) -> bool:
+        """Another member that is alive or suspect: only those can need a probe."""
+        return any(
+            m.name != self.ctx.name and m.status in ("alive", "suspect")
+            for m in self.gossip.members()
+        )
+
     async def probe_suspects(self) -> None:
         """Confirm a suspect lease holder's crash early: on loopback or a LAN, a refused
         TCP connect to its HTTP port means no agent is listening. A timeout (partition,
         pause) proves nothing, so those wait for SWIM's dead; epochs fence either way."""
         confirmed: set[tuple[str, int]] = set()
         while True:
+            if not self._has_peers():
+                # alone, nobody can be suspect: sleep until a member event, not 5 times a
+                # second (an empty node's idle CPU, issue 22 part 7)
+                self._peers.clear()
+                if not self._has_peers():
+                    await self._peers.wait()
             await self.ctx.clock.sleep(PROBE_S)
             for m in self.gossip.members():
                 if m.status != "suspect" or m.name == self.ctx.name:

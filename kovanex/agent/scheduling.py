@@ -120,7 +120,10 @@ class TaskScheduler:
         if force:
             await self._reconcile_from_tips(repo)
             return
-        refs = self.repos.ledger(repo).store.refs(TASK_PREFIX)
+        # a `git for-each-ref` of every task ref: at 100,000 loose refs (a first archive
+        # under way) it takes seconds, and on the loop it kept `kovanex status` (and every
+        # request) from an answer; in a thread the loop serves meanwhile (issue 22 part 7)
+        refs = await asyncio.to_thread(self.repos.ledger(repo).store.refs, TASK_PREFIX)
         moved = []
         for ref, tip in sorted(refs.items()):
             task_id = task_id_of(ref)
@@ -140,13 +143,14 @@ class TaskScheduler:
             else:
                 await self.reconcile_task(repo, task_id)
 
-    async def sweep_repo(self, repo: str) -> None:
+    async def sweep_repo(self, repo: str, listing: bool = True) -> None:
         """Anti-entropy at the cost of the tasks in flight: every task ref is listed only
         when the repo's refs changed since the last full listing; otherwise only the
         active tasks' tips are read (one ref each), so idle cost does not grow with the
-        number of finished tasks."""
+        number of finished tasks. `listing=False` (upkeep is moving the repo's refs by
+        the thousand): the tasks in flight only; the listing waits for the next sweep."""
         stamp = self.repos.ref_stamp(repo)
-        if stamp is None or stamp != self._stamps.get(repo):
+        if listing and (stamp is None or stamp != self._stamps.get(repo)):
             await self.reconcile_repo(repo)
             if stamp is not None:
                 self._stamps[repo] = stamp

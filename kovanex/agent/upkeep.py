@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import logging
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from kovanex import config as cfgmod
 from kovanex.agent.context import NodeContext
+from kovanex.agent.heaptrim import trim_heap
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import upkeep
 from kovanex.gitstate import gitcli, tipscan
@@ -46,10 +46,7 @@ def release_memory() -> None:
     the freed heap back: Python and glibc keep it otherwise, and idle RSS would carry a
     one-off peak for the agent's lifetime."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
+    trim_heap()  # not glibc: nothing to trim
 
 
 def maintenance_commands(path: Path) -> list[list[str]]:
@@ -83,6 +80,7 @@ class UpkeepService:
         # watches it again and the repo is read once (RefWatcher.pause)
         self.quiet: Callable[[str], None] = lambda repo: None
         self.loud: Callable[[str], None] = lambda repo: None
+        self.rewriting: set[str] = set()  # repos whose refs a job is rewriting now
 
     def _load(self) -> dict[str, float]:
         try:
@@ -135,9 +133,11 @@ class UpkeepService:
         """The ref watcher leaves the repo alone while we rewrite its refs by the thousand
         (their echo cost ~60 MB of RSS at 10,000 tasks), then the repo is read once."""
         self.quiet(repo)
+        self.rewriting.add(repo)
         try:
             yield
         finally:
+            self.rewriting.discard(repo)
             self.loud(repo)
 
     async def _archive(self, repo: str, path: Path) -> int:

@@ -400,7 +400,9 @@ async def reap_stale() -> int:
     for base in _base_dirs(mechanism).values():
         for d in base.iterdir():
             parts = d.name.split("-")
-            if not d.is_dir() or parts[0] not in ("run", "probe") or len(parts) != 3:
+            # the name first: a stat on cgroupfs is slow, and units' own cgroups (one per
+            # unit of every node on the host) sit beside the run cgroups by the hundred
+            if parts[0] not in ("run", "probe") or len(parts) != 3 or not d.is_dir():
                 continue
             try:
                 owner = int(parts[1])
