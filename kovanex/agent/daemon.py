@@ -87,7 +87,9 @@ class Agent:
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
         self.runs = RunTable(ctx)
-        self.heap = IdleTrim(lambda: bool(self.runs.runs))  # freed heap back when idle
+        self.heap = IdleTrim(
+            lambda: bool(self.runs.runs), clock=ctx.clock
+        )  # freed heap back when idle
         self.network = netpolicy.for_node(  # closes the node's own ports to its units
             units.unit_key(cfg),
             [u.uid for u in self.runs.units],

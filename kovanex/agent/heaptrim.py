@@ -9,9 +9,10 @@ on a timer of its own: an idle node does no work for it."""
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 from collections.abc import Callable
+
+from kovanex.clock import SYSTEM, Clock, Timer
 
 SETTLE_S = 2.0  # a burst of tasks trims once, after its last run
 
@@ -28,16 +29,19 @@ def trim_heap() -> bool:
 class IdleTrim:
     """`idle()` when the last run ends: trims after SETTLE_S if nothing ran meanwhile."""
 
-    def __init__(self, busy: Callable[[], bool], settle_s: float = SETTLE_S) -> None:
+    def __init__(
+        self, busy: Callable[[], bool], settle_s: float = SETTLE_S, clock: Clock = SYSTEM
+    ) -> None:
         self.busy = busy
         self.settle_s = settle_s
+        self.clock = clock
         self.trims = 0  # kovanex status / tests
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def idle(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(self.settle_s, self._fire)
+        self._timer = self.clock.call_later(self.settle_s, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
