@@ -64,3 +64,12 @@ def test_the_gossip_backends_lone_node_leads_and_several_are_uncoordinated() -> 
     many = leaderstatus.gossip_status(ROWS, "n1", "HINT")
     assert (many["leader"], many["status"]) == (None, "uncoordinated")
     assert "HINT" in many["hint"]
+
+
+def test_a_follower_cut_off_from_the_quorum_vouches_for_no_leader() -> None:
+    clock = FakeClock()
+    d = Driver(leader.decide, leader.LeaderState("n1", since=clock.monotonic()))
+    d.step(leader.KeySeen(3, leader.Lease("n2", 4)), clock.monotonic())  # a stale read
+    st = leaderstatus.status(d.state, clock.monotonic(), 0.0, ROWS, {}, 3, None)
+    assert (st["status"], st["leader"], st["term"]) == ("no-quorum", None, 4)
+    assert [r["role"] for r in st["nodes"]] == ["follower", "follower"]
