@@ -76,7 +76,9 @@ class NatsCoordination:
             self.server = NatsServer(
                 ctx.name, self.host, c, ctx.layout.root, self._auth(), clock=ctx.clock
             )
-        self.state = core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
+        self.lease = Driver(
+            core.decide, core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
+        )
         # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
         # bench/leader_failover_bench.py's "both die together" case.
         step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
@@ -102,6 +104,11 @@ class NatsCoordination:
         self.gate = rejoin.Gate()
         self.sync: Callable[[], Awaitable[tuple[int, int]]] = _lone
         self.on_ready: Callable[[], None] = lambda: None
+
+    @property
+    def state(self) -> core.LeaderState:
+        """The lease decider's state (core/leader.py), as the driver holds it."""
+        return self.lease.state
 
     # -- credentials (ADR 0059) -----------------------------------------------------------
     def _auth(self) -> natsauth.ServerAuth:
@@ -164,7 +171,7 @@ class NatsCoordination:
             tuple(self.members()),
             self.state.term,
             solo=srv is not None and srv.solo,
-            was_clustered=srv is not None and srv.was_clustered,
+            was_clustered=srv is not None and srv.solo and srv.was_clustered,  # solo only
         )
         for e in self.topology.step(ev, self.ctx.clock.monotonic()):
             if isinstance(e, kvtopology.RaiseFloor):
@@ -292,8 +299,7 @@ class NatsCoordination:
     # -- driving the decider -------------------------------------------------------------
     def _apply(self, ev: Any) -> None:
         now = self.ctx.clock.monotonic()
-        self.state, effects = core.decide(self.state, ev, now)
-        for e in effects:
+        for e in self.lease.step(ev, now):
             self._execute(e, now)
         self.gate, go = rejoin.step(self.gate, core.has_quorum(self.state, now), now)
         if go:
