@@ -1,12 +1,13 @@
 """Who leads the cluster, at which term, and may consistent work run here: the coordination
 backend behind one small interface (issue 12, ADR 0026).
 
-- `GossipCoordination`: today's behaviour. AP only: no leader among several nodes
-  (`status: "uncoordinated"`); a lone node is its own leader at term 1.
+- `GossipCoordination` (gossipcoord.py): today's behaviour. AP only: no leader among
+  several nodes (`status: "uncoordinated"`); a lone node is its own leader at term 1.
 - `NatsCoordination`: a supervised `nats-server` child (natsserver.py) forms a JetStream
   cluster with the other SERVER/FULL nodes; the leader lease is a KV key held by
-  compare-and-swap. The decisions are the pure decider's (kovanex/core/leader.py); this
-  shell performs its effects (CAS writes, heartbeats) and feeds the answers back.
+  compare-and-swap. The decisions are the pure deciders' (kovanex/core/leader.py for the
+  lease, core/kvtopology.py for routes and the bucket's size); this shell performs their
+  effects (CAS writes, heartbeats, routes, stream updates) and feeds the answers back.
 
 Reads (the leader key, node heartbeats) only inform status and the followers' TTL clock;
 only a CAS write makes a leader. No lock is held across a NATS call.
@@ -24,20 +25,18 @@ from typing import Any, Protocol
 from kovanex import config as cfgmod
 from kovanex import natsauth
 from kovanex.agent.context import NodeContext
+from kovanex.agent.gossipcoord import GossipCoordination
 from kovanex.agent.natsserver import NatsServer
-from kovanex.coordcfg import ENABLE_HINT
+from kovanex.core import kvtopology, leaderstatus, rejoin
 from kovanex.core import leader as core
-from kovanex.core import rejoin, servers
+from kovanex.core.decider import Driver
 from kovanex.core.effects import SetTimer
 
 log = logging.getLogger("kovanex.coordination")
 BUCKET = natsauth.BUCKET
 LEADER_KEY = "leader"
-RUNS_NATS = ("full", "server")
-# JetStream's maximum. The bucket's own Raft group must be the cluster's majority: with R3
-# on 5 servers a 2 | 3 split can leave 2 of the 3 replicas on the minority side, and the
-# majority could then elect nobody (found by tests/test_partition_nats.py).
-MAX_REPLICAS = 5
+RUNS_NATS = kvtopology.RUNS_NATS
+MAX_REPLICAS = kvtopology.MAX_REPLICAS  # the bucket's size rule: core/kvtopology.py
 BUCKET_WARN_S = 15.0  # no bucket for this long: the reason goes to the log, not just debug
 Members = Callable[[], list[dict[str, Any]]]
 
@@ -55,72 +54,7 @@ class Coordination(Protocol):
     def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None: ...
 
 
-def _alive(members: list[dict[str, Any]], me: str) -> list[dict[str, Any]]:
-    out = [m for m in members if m["status"] in ("alive", "suspect") or m["name"] == me]
-    if not any(m["name"] == me for m in out):
-        out.append({"name": me, "status": "alive", "role": "full"})
-    return sorted(out, key=lambda m: m["name"])
-
-
-class GossipCoordination:
-    """AP only. Leadership is not decided among several nodes; consistent tasks are refused
-    at push time (pushcheck), so placement never waits for a quorum here."""
-
-    backend = "gossip"
-
-    def __init__(self, ctx: NodeContext, members: Members) -> None:
-        self.ctx = ctx
-        self.members = members
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    def meta(self) -> dict[str, Any]:
-        return {}
-
-    def can_place(self) -> bool:
-        return True
-
-    def leads(self) -> bool:
-        return False  # no single decider on the gossip backend
-
-    def set_consistent(self, tasks: frozenset[tuple[str, str]]) -> None:
-        return None
-
-    def summary(self) -> dict[str, Any]:
-        return {"backend": "gossip", "leader": None, "term": 0, "quorum": None}
-
-    def status(self) -> dict[str, Any]:
-        nodes = _alive(self.members(), self.ctx.name)
-        if len(nodes) == 1:  # a lone node is its own leader, as the seed says
-            me = self.ctx.name
-            one = {"id": me, "role": "leader", "term": 1, "last_heartbeat": "0s ago"}
-            return {
-                "cluster_size": 1,
-                "leader": me,
-                "term": 1,
-                "quorum": 1,
-                "status": "healthy",
-                "nodes": [one],
-                "backend": {"name": "gossip"},
-            }
-        return {
-            "cluster_size": len(nodes),
-            "leader": None,
-            "term": 0,
-            "quorum": None,
-            "status": "uncoordinated",
-            "hint": f"no leader on the gossip backend (AP only); turn coordination on: "
-            f"{ENABLE_HINT} on the server nodes",
-            "nodes": [
-                {"id": m["name"], "role": "member", "term": 0, "last_heartbeat": None}
-                for m in nodes
-            ],
-            "backend": {"name": "gossip"},
-        }
+_alive = kvtopology.alive_rows
 
 
 class NatsCoordination:
@@ -142,7 +76,17 @@ class NatsCoordination:
             self.server = NatsServer(
                 ctx.name, self.host, c, ctx.layout.root, self._auth(), clock=ctx.clock
             )
-        self.state = core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
+        self.lease = Driver(
+            core.decide, core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
+        )
+        # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
+        # bench/leader_failover_bench.py's "both die together" case.
+        step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
+        mine = (self.host, c.client_port, c.cluster_port) if self.server is not None else None
+        self.topology = Driver(
+            kvtopology.decide,
+            kvtopology.TopologyState(ctx.name, mine, len(ctx.cfg.join), step_away),
+        )
         self.kv: Any = None
         self.nc: Any = None
         self.heartbeats: dict[str, tuple[dict[str, Any], float]] = {}
@@ -152,9 +96,6 @@ class NatsCoordination:
         self.wake = asyncio.Event()
         self.wake_at = 0.0
         self.tasks: list[asyncio.Task[Any]] = []
-        # ADR 0027: keep the KV stream leader off the lease holder's server. Off only for
-        # bench/leader_failover_bench.py's "both die together" case.
-        self.step_away = os.environ.get("KOVANEX_NATS_STEP_AWAY", "1") != "0"
         # wired by the agent
         self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
         self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
@@ -163,6 +104,11 @@ class NatsCoordination:
         self.gate = rejoin.Gate()
         self.sync: Callable[[], Awaitable[tuple[int, int]]] = _lone
         self.on_ready: Callable[[], None] = lambda: None
+
+    @property
+    def state(self) -> core.LeaderState:
+        """The lease decider's state (core/leader.py), as the driver holds it."""
+        return self.lease.state
 
     # -- credentials (ADR 0059) -----------------------------------------------------------
     def _auth(self) -> natsauth.ServerAuth:
@@ -184,28 +130,17 @@ class NatsCoordination:
         return out
 
     def _peers(self, gone_too: bool = False) -> list[tuple[str, int, int]]:
-        """(host, client port, cluster port) of members that run NATS, us included.
-        `gone_too`: dead ones as well (routes: a partitioned server comes back, and NATS
-        retries a route to a dead one harmlessly); only a graceful leave drops a route."""
-        c = self.ctx.cfg.coordination
-        out = [(self.host, c.client_port, c.cluster_port)] if self.server is not None else []
-        ok = ("alive", "suspect", "dead") if gone_too else ("alive", "suspect")
-        for m in self.members():
-            ports = m.get("nats")
-            if m["name"] == self.ctx.name or not ports or m["status"] not in ok:
-                continue
-            out.append((m["addr"].rpartition(":")[0], int(ports[0]), int(ports[1])))
-        return sorted(set(out))
+        """(host, client port, cluster port) of members that run NATS, us included
+        (core/kvtopology.py; `gone_too`: dead ones as well, for routes)."""
+        return kvtopology.servers(self.topology.state, self.members(), gone_too)
 
     def _lone(self) -> bool:
         assert self.server is not None
-        others = len(self._peers(gone_too=True)) - 1
-        joins = len(self.ctx.cfg.join)
-        return servers.lone_nats_server(others, joins, self.server.was_clustered)
+        return kvtopology.lone(self.topology.state, self.members(), self.server.was_clustered)
 
     async def start(self) -> None:
         if self.server is not None:
-            routes = [f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True)]
+            routes = kvtopology.routes(self.topology.state, self.members())
             await self.server.start(routes, solo=self._lone())
         self.tasks = [
             asyncio.create_task(self._connect_and_drive()),
@@ -226,26 +161,37 @@ class NatsCoordination:
     async def _keep_routes(self) -> None:
         while True:
             await self.ctx.clock.sleep(1.0)
-            self._floor_from_gossip()
-            if self.server is not None and self.server.solo and not self._lone():
-                routes = [f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True)]
-                log.info("another NATS server joined: leaving solo mode, routes %s", routes)
-                self._apply(core.Resign("the lone NATS server restarts clustered"))
-                self.server.join_cluster(routes, self._auth())
-            elif self.server is not None:
-                routes = (f"{h}:{cp}" for h, _, cp in self._peers(gone_too=True))
-                was = (self.server.routes, self.server.auth.users)
-                if self.server.set_routes(routes, self._auth()):  # host:port only: no secret
-                    if was[0] != self.server.routes:
-                        log.info("nats routes now %s", sorted(self.server.routes))
-                    if was[1] != self.server.auth.users:
-                        log.info("nats users now follow %d gossip key(s)", len(self.keys()))
+            self._topology_changed()
             await self._grow_bucket()
+
+    def _topology_changed(self) -> None:
+        """Routes, solo mode and the term floor follow the members (core/kvtopology.py)."""
+        srv = self.server
+        ev = kvtopology.MembersSeen(
+            tuple(self.members()),
+            self.state.term,
+            solo=srv is not None and srv.solo,
+            was_clustered=srv is not None and srv.solo and srv.was_clustered,  # solo only
+        )
+        for e in self.topology.step(ev, self.ctx.clock.monotonic()):
+            if isinstance(e, kvtopology.RaiseFloor):
+                self._apply(core.TermSeen(e.term))
+            elif isinstance(e, kvtopology.LeaveSolo) and srv is not None:
+                log.info("another NATS server joined: leaving solo mode, routes %s",
+                         list(e.routes))  # fmt: skip
+                self._apply(core.Resign("the lone NATS server restarts clustered"))
+                srv.join_cluster(e.routes, self._auth())
+            elif isinstance(e, kvtopology.SetRoutes) and srv is not None:
+                was = (srv.routes, srv.auth.users)
+                if srv.set_routes(e.routes, self._auth()):  # host:port only: no secret
+                    if was[0] != srv.routes:
+                        log.info("nats routes now %s", sorted(srv.routes))
+                    if was[1] != srv.auth.users:
+                        log.info("nats users now follow %d gossip key(s)", len(self.keys()))
 
     def _floor_from_gossip(self) -> None:
         """The highest term any member announces raises our floor (core.TermSeen)."""
-        seen = [int(m.get("lease_term") or 0) for m in self.members()]
-        top = max(seen, default=0)
+        top = kvtopology.floor(self.members())
         if top > self.state.term:
             self._apply(core.TermSeen(top))
 
@@ -253,13 +199,9 @@ class NatsCoordination:
     async def _connect_and_drive(self) -> None:
         import nats
 
-        # A server node talks to its own server only: it is always reachable, and NATS
-        # routes the request to the stream leader (a connection to a cut-off remote server
-        # would hang until the ping timeout). Other roles use any server, pinging often.
         while self.nc is None:  # the server may not listen yet; a runner may know no server
-            servers = [f"nats://{h}:{p}" for h, p, _ in self._peers()]
-            if self.server is not None:
-                servers = [self.server.client_url]
+            own = self.server.client_url if self.server is not None else None
+            servers = kvtopology.client_urls(self.topology.state, self.members(), own)
             if not servers:  # never nats-py's default localhost:4222: that is not ours
                 await self.ctx.clock.sleep(0.5)
                 continue
@@ -303,8 +245,8 @@ class NatsCoordination:
             except Exception:  # noqa: BLE001 - not there yet, or no quorum yet
                 pass
             try:
-                n = min(MAX_REPLICAS, len(self._peers()))
-                await js.add_stream(natsauth.kv_stream(max(1, n)))
+                n = kvtopology.bucket_replicas(self.topology.state, self.members())
+                await js.add_stream(natsauth.kv_stream(n))
                 return await js.key_value(BUCKET)
             except Exception as e:  # noqa: BLE001
                 now = self.ctx.clock.monotonic()
@@ -327,22 +269,27 @@ class NatsCoordination:
             try:
                 info = await js.stream_info(f"KV_{BUCKET}")
             except NotFoundError:  # a new cluster (we left solo mode): make it there
-                n = min(MAX_REPLICAS, len(self._peers()))
-                info = await js.add_stream(natsauth.kv_stream(max(1, n)))
-                log.info("KV bucket made in the new cluster (%d replicas)", max(1, n))
-            self.kv_replication = _replication(info)
-            if info.cluster is not None and info.cluster.name:  # clustered (solo: no name)
-                self.server.mark_clustered()
-            want = min(MAX_REPLICAS, len(self._peers()))
-            grow = info.config.num_replicas < want
-            if grow or not natsauth.locked(info.config):  # a bucket an older version made, too
-                info.config.num_replicas = max(want, info.config.num_replicas)
-                info.config.deny_purge, info.config.allow_rollup_hdrs = True, False
-                await js.update_stream(info.config)
-                log.info("KV bucket: %d replicas, no purge or rollup", info.config.num_replicas)
-            if self.step_away and core.leads(self.state, self.ctx.clock.monotonic()) and want > 1:
-                leader = info.cluster.leader if info.cluster else None
-                if leader == self.ctx.name:  # keep the stream leader off the lease holder
+                n = kvtopology.bucket_replicas(self.topology.state, self.members())
+                info = await js.add_stream(natsauth.kv_stream(n))
+                log.info("KV bucket made in the new cluster (%d replicas)", n)
+            self.kv_replication = leaderstatus.replication(info)
+            ev = kvtopology.StreamSeen(
+                tuple(self.members()),
+                int(info.config.num_replicas or 1),
+                natsauth.locked(info.config),
+                info.cluster.leader if info.cluster else None,
+                info.cluster is not None and bool(info.cluster.name),  # solo: no name
+                core.leads(self.state, self.ctx.clock.monotonic()),
+            )
+            for e in self.topology.step(ev, self.ctx.clock.monotonic()):
+                if isinstance(e, kvtopology.MarkClustered):
+                    self.server.mark_clustered()
+                elif isinstance(e, kvtopology.UpdateStream):
+                    info.config.num_replicas = e.replicas
+                    info.config.deny_purge, info.config.allow_rollup_hdrs = True, False
+                    await js.update_stream(info.config)
+                    log.info("KV bucket: %d replicas, no purge or rollup", e.replicas)
+                elif isinstance(e, kvtopology.StepDown):  # keep it off the lease holder
                     await self.nc.request(
                         f"$JS.API.STREAM.LEADER.STEPDOWN.KV_{BUCKET}", b"", timeout=1.0
                     )
@@ -352,8 +299,7 @@ class NatsCoordination:
     # -- driving the decider -------------------------------------------------------------
     def _apply(self, ev: Any) -> None:
         now = self.ctx.clock.monotonic()
-        self.state, effects = core.decide(self.state, ev, now)
-        for e in effects:
+        for e in self.lease.step(ev, now):
             self._execute(e, now)
         self.gate, go = rejoin.step(self.gate, core.has_quorum(self.state, now), now)
         if go:
@@ -413,9 +359,8 @@ class NatsCoordination:
         op = {core.Acquire: "acquire", core.Renew: "renew", core.Heartbeat: "heartbeat"}[type(e)]
         try:
             if isinstance(e, core.Heartbeat):
-                cand = core.candidate(self.state, self.ctx.clock.monotonic())
-                body = {"term": self.state.term, "leader": self.state.leader,
-                        "candidate": cand, "at": self._wall()}  # fmt: skip
+                now = self.ctx.clock.monotonic()
+                body = leaderstatus.heartbeat(self.state, now, self._wall())
                 rev = await self.kv.put(f"node.{self.ctx.name}", json.dumps(body).encode())
             else:
                 value = json.dumps({"holder": e.lease.holder, "term": e.lease.term}).encode()
@@ -511,79 +456,18 @@ class NatsCoordination:
 
     def summary(self) -> dict[str, Any]:
         """For `kovanex status`: it answers before a quorum exists and says so."""
-        now = self.ctx.clock.monotonic()
-        quorum = core.has_quorum(self.state, now)
-        out: dict[str, Any] = {
-            "backend": "nats",
-            "leader": self.state.leader,
-            "term": self.state.term,
-            "quorum": quorum,
-            "halted": sorted(f"{r}/{t}" for r, t in self.state.halted),
-        }
-        if not quorum:
-            peers = len(self._peers())
-            out["waiting"] = (
-                f"waiting for a NATS quorum ({core.quorum_of(max(peers, 1))} of {peers} "
-                "server(s) known must answer)"
-            )
-        return out
+        return leaderstatus.summary(self.state, self.ctx.clock.monotonic(), len(self._peers()))
 
     def status(self) -> dict[str, Any]:
-        now = self.ctx.clock.monotonic()
-        nodes = _alive(self.members(), self.ctx.name)
-        servers = max(1, len(self._peers()))
-        quorum = core.has_quorum(self.state, now)
-        leader = self.state.leader
-        # without a quorum we cannot vouch for anyone's lease (a cut-off node's view is stale)
-        held = quorum and leader is not None
-        held = held and (leader != self.ctx.name or core.leads(self.state, now))
-        rows = []
-        for m in nodes:
-            hb = self.heartbeats.get(m["name"])
-            role = "leader" if m["name"] == leader and held else "follower"
-            term = int(hb[0].get("term", 0)) if hb else 0
-            if role == "follower" and hb is not None and hb[0].get("candidate"):
-                role = "candidate"  # asking for the lease: an election is under way
-            if m["name"] == self.ctx.name:
-                term = self.state.term
-                if role != "leader" and core.candidate(self.state, now):
-                    role = "candidate"
-            ago = None if hb is None else max(0.0, self._wall() - float(hb[0].get("at", 0)))
-            rows.append(
-                {
-                    "id": m["name"],
-                    "role": role,
-                    "term": term,
-                    "last_heartbeat": None if ago is None else f"{ago:.1f}s ago",
-                }
-            )
-        status = "healthy" if quorum and held else ("electing" if quorum else "no-quorum")
-        backend: dict[str, Any] = {"name": "nats", "servers": servers}
-        if self.kv_replication is not None:
-            backend["kv"] = self.kv_replication
-        return {
-            "cluster_size": len(nodes),
-            "leader": leader if held else None,
-            "term": self.state.term,
-            "quorum": core.quorum_of(servers),
-            "status": status,
-            "nodes": rows,
-            "backend": backend,
-        }
-
-
-def _replication(info: Any) -> dict[str, Any]:
-    """How many of the KV stream's replicas hold its whole log (the leader counts)."""
-    cl = info.cluster
-    peers = (cl.replicas or []) if cl is not None else []
-    current = (1 if cl is not None and cl.leader else 0) + sum(
-        1 for p in peers if p.current and not p.offline
-    )
-    return {
-        "replicas": int(info.config.num_replicas or 1),
-        "current": current,
-        "leader": cl.leader if cl is not None else None,
-    }
+        return leaderstatus.status(
+            self.state,
+            self.ctx.clock.monotonic(),
+            self._wall(),
+            _alive(self.members(), self.ctx.name),
+            self.heartbeats,
+            len(self._peers()),
+            self.kv_replication,
+        )
 
 
 async def _lone() -> tuple[int, int]:

@@ -14,8 +14,9 @@ from typing import Any
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskLocks
-from kovanex.core import scheduler, startwatch
+from kovanex.core import scheduler, startwatch, suspectprobe
 from kovanex.core import task as taskcore
+from kovanex.core.decider import Driver
 from kovanex.core.effects import WriteRef
 from kovanex.gitstate.ledger import NoSuchTask, exclusions
 from kovanex.gitstate.store import CasConflict, StaleEpoch
@@ -132,10 +133,9 @@ class Failover:
         )
 
     async def probe_suspects(self) -> None:
-        """Confirm a suspect lease holder's crash early: on loopback or a LAN, a refused
-        TCP connect to its HTTP port means no agent is listening. A timeout (partition,
-        pause) proves nothing, so those wait for SWIM's dead; epochs fence either way."""
-        confirmed: set[tuple[str, int]] = set()
+        """Confirm a suspect lease holder's crash early (core/suspectprobe.py decides): a
+        refused TCP connect to its HTTP port means no agent is listening there."""
+        probes = Driver(suspectprobe.decide, suspectprobe.ProbeState(self.ctx.name))
         while True:
             if not self._has_peers():
                 # alone, nobody can be suspect: sleep until a member event, not 5 times a
@@ -144,26 +144,29 @@ class Failover:
                 if not self._has_peers():
                     await self._peers.wait()
             await self.ctx.clock.sleep(PROBE_S)
-            for m in self.gossip.members():
-                if m.status != "suspect" or m.name == self.ctx.name:
-                    continue
-                token = (m.name, m.incarnation)
-                http = (m.meta or {}).get("http", "")
-                if token in confirmed or not http.startswith("http://"):
-                    continue
-                host, _, port = http[len("http://") :].rpartition(":")
-                try:
-                    _r, w = await self.ctx.clock.wait_for(
-                        asyncio.open_connection(host, int(port)), 0.3
-                    )
-                    w.close()
-                    continue  # something answers: let SWIM decide
-                except ConnectionRefusedError:
-                    confirmed.add(token)
+            members = tuple(
+                suspectprobe.Member(m.name, m.status, m.incarnation, (m.meta or {}).get("http", ""))
+                for m in self.gossip.members()
+            )
+            for p in probes.step(suspectprobe.Suspects(members), self.ctx.clock.monotonic()):
+                assert isinstance(p, suspectprobe.Probe)
+                outcome = await self._connect(p.host, p.port)
+                ev = suspectprobe.Probed(p.name, p.incarnation, p.http, outcome)
+                for c in probes.step(ev, self.ctx.clock.monotonic()):
+                    assert isinstance(c, suspectprobe.Confirmed)
                     log.info(
-                        "suspect %s refuses connections on %s: its agent is gone", m.name, http
+                        "suspect %s refuses connections on %s: its agent is gone", c.name, c.http
                     )
-                    self.record("lease-guard", {"member": m.name, "msg": "connection refused"})
-                    await self.requeue_held_by(m.name)
-                except (OSError, TimeoutError, ValueError):
-                    continue
+                    self.record("lease-guard", {"member": c.name, "msg": "connection refused"})
+                    await self.requeue_held_by(c.name)
+
+    async def _connect(self, host: str, port: int) -> str:
+        """One TCP connect with a deadline: refused, answered, or unknown."""
+        try:
+            _r, w = await self.ctx.clock.wait_for(asyncio.open_connection(host, port), 0.3)
+        except ConnectionRefusedError:
+            return "refused"
+        except (OSError, TimeoutError, ValueError):
+            return "unknown"
+        w.close()
+        return "answered"

@@ -24,8 +24,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kovanex.clock import settled
+from kovanex.core import grantmemory
 from kovanex.core import grants as core
 from kovanex.core import task as taskcore
+from kovanex.core.decider import Driver
 from kovanex.core.replication import Ownership
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kovanex.leader")
 TOPIC = "consistent"
 HELD = frozenset({taskcore.PLACED, taskcore.RUNNING})
-REISSUE_TTLS = 4  # a decision nobody carried out is issued again after this many TTLs
 
 
 class LeaderWork:
@@ -45,9 +46,8 @@ class LeaderWork:
         self.on = agent.coord.backend == "nats"
         self.ttl_s = agent.ctx.cfg.coordination.lease_ttl_s
         self.period = agent.ctx.cfg.coordination.renew_interval_s
-        self.gone_since: dict[str, float] = {}
-        self.granted: dict[str, tuple[Ownership, float]] = {}
-        self.rescheduled: dict[tuple[str, str], tuple[int, float]] = {}
+        # what this leader issued, and since when members are gone (core/grantmemory.py)
+        self.memory = Driver(grantmemory.decide, grantmemory.memory(self.ttl_s))
         self._kinds: dict[tuple[str, str], bool] = {}  # task -> absolute_consistency?
         self.requeued: Callable[[str, str], None] = lambda repo, task: None  # wired
 
@@ -135,13 +135,11 @@ class LeaderWork:
 
     # -- leader ----------------------------------------------------------------------------
     def _track_members(self, now: float) -> None:
-        for m in self.gossip.members():
-            if m.status in core.GONE:
-                self.gone_since.setdefault(m.name, now)
-            else:
-                self.gone_since.pop(m.name, None)
+        statuses = {m.name: m.status for m in self.gossip.members()}
+        self.memory.step(grantmemory.MembersSeen(statuses), now)
 
     def view(self, now: float) -> core.LeaderView:
+        """The leader's view but its memory (core/grantmemory.py fills that in)."""
         consistent, held = set(), []
         for repo, v in self.gossip.items(TOPIC).items():
             if not isinstance(v, dict) or not isinstance(v.get("tasks"), dict):
@@ -150,7 +148,6 @@ class LeaderWork:
             for task_id, row in sorted(v["tasks"].items()):
                 if isinstance(row, list) and len(row) == 2 and row[0]:
                     held.append(core.Held(repo, task_id, str(row[0]), int(row[1])))
-        stale = now - REISSUE_TTLS * self.ttl_s
         return core.LeaderView(
             nodes=self.a.replicas.peers.state(self.a.replicas.ownership.settle_s),
             leads=self.a.coord.leads(),
@@ -158,23 +155,18 @@ class LeaderWork:
             ttl_s=self.ttl_s,
             consistent=frozenset(consistent),
             held=tuple(held),
-            gone_since=dict(self.gone_since),
-            granted={r: o for r, (o, at) in self.granted.items() if at > stale},
-            rescheduled={k: e for k, (e, at) in self.rescheduled.items() if at > stale},
         )
 
     def decide(self, now: float) -> None:
-        for e in core.decide(self.view(now), now):
+        for e in self.memory.step(grantmemory.Pass(self.view(now)), now):
             if isinstance(e, core.Grant):
                 log.warning("leader grants %s to %s at term %d", e.repo, e.new.owner, e.term)
-                self.granted[e.repo] = (e.new, now)
                 self.gossip.publish("grant", e.repo, grant_value(e))
                 self.a.cluster.record("ownership", {"repo": e.repo, "msg":
                     f"leader grants it to {e.new.owner} at term {e.term}"})  # fmt: skip
             else:
                 log.warning("leader re-places %s/%s (held by %s) at term %d",
                             e.repo, e.task_id, e.node, e.term)  # fmt: skip
-                self.rescheduled[(e.repo, e.task_id)] = (e.epoch, now)
                 self.gossip.publish("resched", f"{e.repo}/{e.task_id}", {
                     "owner": e.owner, "node": e.node, "epoch": e.epoch, "term": e.term})  # fmt: skip
 

@@ -18,7 +18,9 @@ from kovanex.agent.replica_fetch import ReplicaFetcher
 from kovanex.agent.replica_lag import ReplicaLag
 from kovanex.agent.replica_place import ReplicaPlacer
 from kovanex.agent.replica_runtime import Peers, Runtime, parse_owner
+from kovanex.core import takeguard
 from kovanex.core import takeover as decider
+from kovanex.core.decider import Driver
 from kovanex.core.replication import LEVELS, Ownership
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.ownership import BadOwnership, OwnershipConflict
@@ -60,6 +62,7 @@ class OwnershipService:
         self.leader_decides: Callable[[str], bool] = lambda repo: False
         # wired: our runs of a repo we just lost go back to its new owner (RemoteRuns)
         self.on_demoted: Callable[[str, str], None] = lambda repo, owner: None
+        self.guard = Driver(takeguard.decide, takeguard.GuardState(rt.node))
 
     # -- publishing ----------------------------------------------------------------------
     def publish(self, repo: str) -> None:
@@ -235,11 +238,6 @@ class OwnershipService:
         """The leader granted us `repo` at `term` (core/grants.py): the same takeover, its
         record written with `Kovanex-Term` and refused if an older term than the history's."""
         async with self.rt.lock(repo):
-            if new.owner != self.rt.node or not self.rt.path(repo).exists():
-                return False
-            known = self.rt.known.get(repo)
-            if known is not None and (known.epoch, known.owner) != (old.epoch, old.owner):
-                return False  # the record moved since the leader decided
             if not await self._take_locked(repo, old, new, term):
                 return False
         await self._owned(repo)
@@ -248,15 +246,19 @@ class OwnershipService:
     async def _take_locked(
         self, repo: str, old: Ownership, new: Ownership, term: int | None
     ) -> bool:
-        if term is None and self.rt.known.get(repo) != old:
-            return False  # gossip moved on since the decider looked
+        """Under the lock: the re-checks (core/takeguard.py decides), then the record gossip
+        carried (it may list newer replicas than our meta ref), CAS'd against our disk's."""
+        now = self.rt.clock.monotonic()
+        has_copy = term is None or self.rt.path(repo).exists()
+        ev = takeguard.Locked(repo, old, new, term, self.rt.known.get(repo), has_copy)
+        if not isinstance(self.guard.step(ev, now)[0], takeguard.ReadDisk):
+            return False
         local = await self.rt.thread(self.rt.read_ownership, repo)
-        if local is not None and (local.epoch > old.epoch or local.owner == self.rt.node):
-            return False  # our disk knows better than gossip: let the next pass re-read
-        # the record gossip carried (it may list newer replicas than our meta ref), CAS'd
-        # against what our disk holds
+        eff = self.guard.step(takeguard.DiskRead(repo, old, new, term, local), now)[0]
+        if not isinstance(eff, takeguard.WriteRecord):
+            return False  # the next pass re-reads
         try:
-            await self.rt.thread(self.rt.write_ownership, repo, new, local, term)
+            await self.rt.thread(self.rt.write_ownership, repo, eff.new, eff.expected, eff.term)
         except (OwnershipConflict, StaleEpoch) as e:  # StaleOwnerTerm is a StaleEpoch
             self.rt.error(f"{repo}: takeover lost a race: {e}")
             return False

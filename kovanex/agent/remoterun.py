@@ -1,6 +1,10 @@
 """Runs of other owners' tasks (ADR 0008): an owner assigns us a lease over gossip; we
 read and write its branch over HTTP through a cache repo, and watch for a cancel.
 
+The decisions (start, redeliver after a crash, stand down, hand back) are the pure
+core/remoterun.py's; this shell gathers its events (gossip, the owner's branch, runs that
+end) and carries out its effects.
+
 No lock is held across the network: the owner's branch is read first, and the task's
 lock only guards the check-and-start that follows (ADR 0016). A cancel or a moved lease
 reaches a runner on gossip (the owner retracts or re-publishes the `assign` key), not by
@@ -9,7 +13,6 @@ polling the owner."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from typing import Any
 
@@ -19,15 +22,18 @@ from kovanex.agent.executor import TaskRun
 from kovanex.agent.remote import RemoteLedger
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
+from kovanex.core import remoterun as core
 from kovanex.core import task as taskcore
+from kovanex.core.decider import Driver
+from kovanex.core.task import TaskView
 from kovanex.gitstate.ledger import Lease
 from kovanex.gitstate.store import CasConflict, StaleEpoch
 from kovanex.net.gossip import GossipNode
 
 log = logging.getLogger("kovanex.agent")
 ASSIGN = "assign"  # gossip topic: an owner placed one of its tasks on a node
-REDELIVER_S = 2.0  # after a remote run crashed, before its assignment is tried again
-REDELIVER_MAX = 3  # crashes of a task's runs here retried here; then it goes back to its owner
+REDELIVER_S = core.REDELIVER_S
+REDELIVER_MAX = core.REDELIVER_MAX
 
 
 class RemoteRuns:
@@ -48,10 +54,10 @@ class RemoteRuns:
         self.replicas = replicas
         self.assignments: dict[str, str] = {}  # repo -> owner base URL, from assign records
         self._watched: dict[tuple[str, str], tuple[TaskRun, RemoteLedger]] = {}
-        # assignments to us that came while an older run of the task was here (our own
-        # run as a deposed owner): started once that run ends (`ran`)
-        self._pending: dict[tuple[str, str], dict[str, Any]] = {}
-        self._crashes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.core = Driver(
+            core.decide,
+            core.RemoteRunState(ctx.name, redeliver_s=REDELIVER_S, redeliver_max=REDELIVER_MAX),
+        )
 
     def start(self) -> None:
         self.gossip.subscribe(ASSIGN, self._on_assign)
@@ -72,34 +78,50 @@ class RemoteRuns:
             return "its owner (not yet known to this node; see `kovanex repo status`)"
         return f"{o[0]} at {o[1]} (ownership epoch {o[2]})"
 
+    # -- driving the core ------------------------------------------------------------------
+    def _step(self, ev: core.Event) -> list[core.Effect]:
+        return self.core.step(ev, self.ctx.clock.monotonic())
+
+    def _spawn(self, coro: Any) -> None:
+        asyncio.get_running_loop().create_task(coro)
+
+    def _carry_out(self, effects: list[core.Effect]) -> None:
+        """The effects that need no owner's branch in hand (those are `_start`'s, ...)."""
+        for e in effects:
+            if isinstance(e, core.LearnOwner):
+                self.assignments[e.repo] = e.url
+            elif isinstance(e, core.Start):
+                if e.again:
+                    log.info("%s/%s: its run crashed; starting it again", e.value["repo"],
+                             e.value["task"])  # fmt: skip
+                self._spawn(self._start(dict(e.value)))
+            elif isinstance(e, core.Busy):
+                log.info("%s/%s: assigned at epoch %s while a run of it is here", *e.key, e.epoch)
+            elif isinstance(e, core.Supersede):
+                self._spawn(self._supersede(self.runs.runs[e.key], e.epoch))
+            elif isinstance(e, core.Verify):
+                run, remote = self._watched[e.key]
+                self._spawn(self._verify(run, remote))
+            elif isinstance(e, core.RedeliverAt):
+                self._spawn(self._redeliver(e.key, e.at))
+            elif isinstance(e, core.HandBack):
+                self._spawn(self.hand_back(*e.key, e.epoch, e.why))
+
     def _on_assign(self, topic: str, payload: Any) -> None:
         value = getattr(payload, "value", None)
         repo, _, task_id = str(getattr(payload, "key", "")).partition("/")
         watched = self._watched.get((repo, task_id))
-        if watched is not None:
-            run, remote = watched
-            mine = isinstance(value, dict) and (value.get("node"), value.get("epoch")) == (
-                self.ctx.name,
-                run.lease.epoch,
-            )
-            if not mine:  # retracted (final: cancelled...) or moved elsewhere: verify
-                asyncio.get_running_loop().create_task(self._verify(run, remote))
-                return
-        if not isinstance(value, dict) or value.get("node") != self.ctx.name:
-            return
-        self.assignments[value["repo"]] = value["url"]
-        if (value["repo"], value["task"]) not in self.runs.runs:
-            asyncio.get_running_loop().create_task(self._start(value))
-        else:
-            key = (value["repo"], value["task"])
-            log.info("%s/%s: assigned at epoch %s while a run of it is here", repo, task_id,
-                     value.get("epoch"))  # fmt: skip
-            run = self.runs.runs[key]
-            if int(value.get("epoch", 0)) > run.lease.epoch:  # not our own run's echo
-                self._pending[key] = value
-                asyncio.get_running_loop().create_task(self._supersede(run, value))
+        a = core.assignment(value)
+        run = self.runs.runs.get(a[0]) if a is not None else None
+        ev = core.AssignSeen(
+            (repo, task_id),
+            value,
+            watched[0].lease.epoch if watched is not None else None,
+            run.lease.epoch if run is not None else None,
+        )
+        self._carry_out(self._step(ev))
 
-    async def _supersede(self, run: TaskRun, a: dict[str, Any]) -> None:
+    async def _supersede(self, run: TaskRun, epoch: int) -> None:
         """A newer lease on us replaces the run here (a deposed owner's own run, which the
         new owner placed on us again): if the owner's branch confirms it (network, no
         lock), stand the old run down; `ran` then starts the new lease."""
@@ -107,38 +129,25 @@ class RemoteRuns:
             view = await asyncio.to_thread(self._ledger(run.lease.repo).read, run.lease.task_id)
         except Exception:  # noqa: BLE001 - owner unreachable: the old run's next CAS decides
             return
-        if (view.node, view.epoch) == (self.ctx.name, int(a["epoch"])) and view.state in (
-            taskcore.PLACED,
-            taskcore.RUNNING,
-        ):
-            run.stand_down(f"lease moved on the owner: {view.state} {view.node}@{view.epoch}")
+        for e in self._step(core.SupersedeRead(run.key, epoch, core.owner_lease(view))):
+            if isinstance(e, core.StandDown):
+                run.stand_down(e.reason)
 
     def ran(self, repo: str, task_id: str) -> None:
         """A run ended: start the assignment that waited for it, if any (`_start` checks it
-        against the owner's branch, so a stale one is dropped there)."""
-        value = self._pending.pop((repo, task_id), None)
-        if value is not None and (repo, task_id) not in self.runs.runs:
-            asyncio.get_running_loop().create_task(self._start(value))
-            return
-        watched = self._watched.get((repo, task_id))
-        if watched is not None and watched[0].crashed:
-            self._crashes[(repo, task_id)] += 1
-            if self._crashes[(repo, task_id)] > REDELIVER_MAX:
-                why = f"its runs on {self.ctx.name} crashed {REDELIVER_MAX} times"
-                epoch = watched[0].lease.epoch
-                asyncio.get_running_loop().create_task(self.hand_back(repo, task_id, epoch, why))
-                return
-            # e.g. the owner unreachable for a moment just after a heal: nothing on the
-            # owner's side re-places a lease whose holder is alive, so deliver it again
-            asyncio.get_running_loop().create_task(self._redeliver((repo, task_id)))
+        against the owner's branch, so a stale one is dropped there); a crashed one is
+        delivered again, or handed back after too many crashes (the core decides)."""
+        key = (repo, task_id)
+        watched = self._watched.get(key)
+        crashed = watched[0].lease.epoch if watched is not None and watched[0].crashed else None
+        self._carry_out(self._step(core.RunEnded(key, key in self.runs.runs, crashed)))
 
-    async def _redeliver(self, key: tuple[str, str]) -> None:
-        await self.ctx.clock.sleep(REDELIVER_S)
+    async def _redeliver(self, key: tuple[str, str], at: float) -> None:
+        delay = at - self.ctx.clock.monotonic()
+        if delay > 0:
+            await self.ctx.clock.sleep(delay)
         value = self.gossip.get(ASSIGN, f"{key[0]}/{key[1]}")
-        if isinstance(value, dict) and value.get("node") == self.ctx.name:
-            if key not in self.runs.runs:
-                log.info("%s/%s: its run crashed; starting it again", *key)
-                await self._start(value)  # a lease still `running` is handed back there
+        self._carry_out(self._step(core.RedeliverDue(key, value, key in self.runs.runs)))
 
     def demoted(self, repo: str, owner: str) -> None:
         """We lost `repo` to `owner` while running some of its tasks as their owner. Those
@@ -181,6 +190,20 @@ class RemoteRuns:
             clock=self.ctx.clock,
         )
 
+    async def _requeue(
+        self, remote: RemoteLedger, task_id: str, view: TaskView, reason: str
+    ) -> bool:
+        """Requeue the lease just read on the owner's branch; the epoch CAS refuses it if
+        the lease moved meanwhile."""
+        tr = taskcore.requeue(view, reason)
+        try:
+            await asyncio.to_thread(
+                remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
+            )
+        except (CasConflict, StaleEpoch):
+            return False
+        return True
+
     async def hand_back(self, repo: str, task_id: str, epoch: int, why: str) -> bool:
         """Requeue on its (new) owner a task it says we hold at `epoch` though we run it no
         more: we halted it while cut off as its owner, and that requeue went to lost/ when
@@ -191,20 +214,13 @@ class RemoteRuns:
         except Exception as e:  # noqa: BLE001 - owner unreachable: the leader re-places it
             log.warning("%s/%s: cannot hand it back: %s", repo, task_id, e)
             return False
-        held = view.state in (taskcore.PLACED, taskcore.RUNNING)
-        if not held or (view.node, view.epoch) != (self.ctx.name, epoch):
-            return False
-        if (repo, task_id) in self.runs.runs:
-            return False
-        tr = taskcore.requeue(view, why)
-        try:
-            await asyncio.to_thread(
-                remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
-            )
-        except (CasConflict, StaleEpoch):
-            return False
-        log.info("%s/%s handed back to its owner: %s", repo, task_id, why)
-        return True
+        key = (repo, task_id)
+        ev = core.HandBackRead(key, epoch, why, core.owner_lease(view), key in self.runs.runs)
+        for e in self._step(ev):
+            if isinstance(e, core.Requeue) and await self._requeue(remote, task_id, view, e.reason):
+                log.info("%s/%s handed back to its owner: %s", repo, task_id, why)
+                return True
+        return False
 
     async def _start(self, a: dict[str, Any]) -> None:
         repo, task_id, epoch = a["repo"], a["task"], int(a["epoch"])
@@ -227,22 +243,17 @@ class RemoteRuns:
                     return
                 await self.ctx.clock.sleep(delay)
         assert view is not None
-        if view.node != self.ctx.name or view.epoch != epoch:
-            log.info("%s/%s: assignment at epoch %d is stale (%s@%d on %s)", repo, task_id,
-                     epoch, view.node, view.epoch, self.owner_desc(repo))  # fmt: skip
-            return
-        if view.state == taskcore.RUNNING:
-            # we held this lease before a restart: hand it back under a new epoch
-            tr = taskcore.requeue(view, f"agent {self.ctx.name} restarted; rescheduling")
-            try:
-                await asyncio.to_thread(
-                    remote.append, task_id, tr, expected_tip=view.tip, lease_epoch=tr.epoch
-                )
-            except (CasConflict, StaleEpoch):
-                pass
-            return
-        if view.state != taskcore.PLACED:
-            return
+        for e in self._step(core.StartRead(key, epoch, core.owner_lease(view))):
+            if isinstance(e, core.Stale):
+                log.info("%s/%s: assignment at epoch %d is stale (%s@%d on %s)", repo, task_id,
+                         epoch, view.node, view.epoch, self.owner_desc(repo))  # fmt: skip
+            elif isinstance(e, core.Requeue):
+                await self._requeue(remote, task_id, view, e.reason)
+            elif isinstance(e, core.RunHere):
+                await self._run_here(key, epoch, remote)
+
+    async def _run_here(self, key: tuple[str, str], epoch: int, remote: RemoteLedger) -> None:
+        repo, task_id = key
         async with self.locks.of(key):  # local only: the check and the start
             if key in self.runs.runs:
                 return
@@ -271,13 +282,10 @@ class RemoteRuns:
             view = await asyncio.to_thread(remote.read, run.lease.task_id)
         except Exception:  # noqa: BLE001 - owner unreachable: the next write decides
             return
-        if (
-            view.epoch != run.lease.epoch
-            or view.node != self.ctx.name
-            or view.state not in (taskcore.PLACED, taskcore.RUNNING)
-        ):
-            self._watched.pop(run.key, None)
-            run.stand_down(f"lease moved on the owner: {view.state} {view.node}@{view.epoch}")
+        for e in self._step(core.VerifyRead(run.key, run.lease.epoch, core.owner_lease(view))):
+            if isinstance(e, core.StandDown):
+                self._watched.pop(run.key, None)
+                run.stand_down(e.reason)
 
 
 def fetch_failure(e: Exception) -> str:
