@@ -209,16 +209,16 @@ def test_ls_remote(pair: Pair) -> None:
 
 
 def test_token_goes_in_env_not_argv(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    import subprocess
+    from kovanex import proc
 
     seen: list[tuple[list[str], dict[str, str]]] = []
-    real_run = subprocess.run
+    real_run = proc.run
 
     def spy(args, **kw):  # noqa: ANN001, ANN003, ANN202
-        seen.append((list(args), kw.get("env") or {}))
+        seen.append((list(args), dict(kw.get("env") or {})))
         return real_run(args, **kw)
 
-    monkeypatch.setattr(gitcli.subprocess, "run", spy)
+    monkeypatch.setattr(gitcli.proc, "run", spy)
     fetch(pair.replica, pair.url, None, token=TOKEN)
     ls_remote(pair.url, TOKEN)
     assert seen and all(TOKEN not in " ".join(args) for args, _ in seen)
