@@ -71,3 +71,35 @@ def test_a_crashed_remote_run_is_started_again_then_handed_back(
     assert started[0]["epoch"] == 3
     assert handed == [("r", "t1", 3 + remoterun.REDELIVER_MAX,
                        f"its runs on n1 crashed {remoterun.REDELIVER_MAX} times")]  # fmt: skip
+
+
+def test_an_assignment_gossip_held_before_the_service_started_is_run(tmp_path: Path) -> None:
+    """The agent joins gossip before RemoteRuns subscribes; an owner that placed a task on
+    us the moment we joined sent the assignment into that window. start() delivers it
+    (before, nothing did, and the owner excluded us at its 10 s deadline)."""
+    layout = cfgmod.Layout(tmp_path / "n1")
+    ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), token="t", clock=FakeClock())
+    started: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
+        await g.start(("127.0.0.1", 0))
+        try:
+            rr = RemoteRuns(ctx, RunTable(ctx), TaskLocks(), None, g, None)  # type: ignore[arg-type]
+
+            async def start(value: dict[str, Any]) -> None:  # the owner's branch read
+                started.append(value)
+
+            rr._start = start  # type: ignore[method-assign]
+            mine = {"repo": "r", "task": "t1", "node": "n1", "epoch": 2, "url": "u", "owner": "n2"}
+            theirs = {**mine, "task": "t2", "node": "n3"}
+            g.publish("assign", "r/t1", mine)
+            g.publish("assign", "r/t2", theirs)
+            rr.start()
+            for _ in range(20):  # let the tasks start() spawned run (no sleep of time)
+                await asyncio.sleep(0)
+        finally:
+            await g.close()
+
+    asyncio.run(go())
+    assert [(v["task"], v["epoch"]) for v in started] == [("t1", 2)]

@@ -60,7 +60,14 @@ class RemoteRuns:
         )
 
     def start(self) -> None:
+        """Subscribe, then deliver what gossip already holds for us: the agent joins the
+        cluster before this service starts (coordination and token sync start between),
+        and an owner that places a task on a node the moment it joins sends the
+        assignment into that window. Nothing would call back for it, and the owner would
+        exclude us at its placement deadline (seen under load: a new runner never ran
+        the task that waited for it)."""
         self.gossip.subscribe(ASSIGN, self._on_assign)
+        self.recheck("it came before this node listened for assignments")
 
     def owner_url(self, repo: str) -> str:
         """The owner's git URL for a repo we run tasks of (looked up fresh each time)."""
@@ -168,7 +175,7 @@ class RemoteRuns:
                 return
             await self.ctx.clock.sleep(delay)
 
-    def recheck(self) -> None:
+    def recheck(self, why: str = "after the state sync") -> None:
         """Deliver again the assignments to us that are not running: one that came while our
         owner records were stale (back from a partition, before the state sync) was read
         from the wrong owner and dropped, and the owner would wait for its deadline."""
@@ -177,7 +184,7 @@ class RemoteRuns:
                 continue
             key = (str(value.get("repo")), str(value.get("task")))
             if key not in self.runs.runs and key not in self._watched:
-                log.info("%s/%s: assignment delivered again after the state sync", *key)
+                log.info("%s/%s: assignment delivered (%s)", *key, why)
                 self.assignments[key[0]] = value["url"]
                 asyncio.get_running_loop().create_task(self._start(value))
 
