@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,15 @@ def _nats_pid(c: NatsCluster, name: str) -> int:
     return next(k.pid for k in kids if "nats-server" in k.name())
 
 
+def _read(cmd: list[str]) -> str:
+    """A ref read that may meet the agent's packed-refs rewrite mid-way (git then says the
+    ref is unknown for a moment): empty, and the wait asks again."""
+    try:
+        return sh(*cmd)
+    except subprocess.CalledProcessError:
+        return ""
+
+
 def halt_trial(c: NatsCluster, marks: Path, i: int) -> tuple[float, float]:
     """Freeze a follower's nats-server while it runs a consistent task: seconds until the
     task's `halted` commit, then seconds from the heal until it runs again."""
@@ -216,7 +226,7 @@ def halt_trial(c: NatsCluster, marks: Path, i: int) -> tuple[float, float]:
     cut = time.monotonic()
     repo = c.root / owner / "repos" / "bank.git"
     tip = ["git", "-C", str(repo), "log", "-1", "--format=%B", f"refs/heads/task/{task}"]
-    wait(lambda: "Kovanex-Reason: halted" in sh(*tip), 60)  # the halted commit itself
+    wait(lambda: "Kovanex-Reason: halted" in _read(tip), 60)  # the halted commit itself
     halted = time.monotonic() - cut
     os.kill(pid, signal.SIGCONT)
     healed = time.monotonic()
