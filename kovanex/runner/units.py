@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kovanex import proc
 from kovanex.config import ConfigError
 from kovanex.runner import limits as limitsmod
 
@@ -196,6 +197,9 @@ def _bound(ctrl: str, d: Path, b: Bounds) -> None:
         raise UnitError(f"cannot bound cgroup {d}: {e}; run as root") from e
 
 
+USERADD_TIMEOUT_S = 60.0
+
+
 def _ensure_user(name: str, path: Path) -> tuple[int, int]:
     """The unit's user, made if missing. Its comment names the unit's path, so an
     operator (or a test run cleaning up) can tell whose unit a `kx-` user is."""
@@ -222,10 +226,13 @@ def _ensure_user(name: str, path: Path) -> tuple[int, int]:
         f"kovanex unit {path}"[:200],
         name,
     ]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:  # useradd waits on /etc/passwd's lock: bounded, never a hung start
+        p = proc.run(cmd, timeout=USERADD_TIMEOUT_S)
+    except proc.ProcTimeout as e:
+        raise UnitError(f"useradd {name} did not finish within {USERADD_TIMEOUT_S:g}s: {e}") from e
     if p.returncode != 0 and p.returncode != 9:  # 9: it exists (a racing init)
         raise UnitError(
-            f"useradd {name} failed: {p.stderr.strip()}; "
+            f"useradd {name} failed: {p.text('stderr').strip()}; "
             'run `kovanex init` as root, or set [units] mode = "uids"'
         )
     pw = pwd.getpwnam(name)
