@@ -32,12 +32,23 @@ class CrashedRun:
         self.crashed = True
 
 
+def _remote_runs(tmp_path: Path, g: GossipNode, started: list[dict[str, Any]]) -> RemoteRuns:
+    """RemoteRuns on node n1 whose owner-branch read only records the assignment."""
+    layout = cfgmod.Layout(tmp_path / "n1")
+    ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), token="t", clock=FakeClock())
+    rr = RemoteRuns(ctx, RunTable(ctx), TaskLocks(), None, g, None)  # type: ignore[arg-type]
+
+    async def start(value: dict[str, Any]) -> None:  # the owner's branch read
+        started.append(value)
+
+    rr._start = start  # type: ignore[method-assign]
+    return rr
+
+
 def test_a_crashed_remote_run_is_started_again_then_handed_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(remoterun, "REDELIVER_S", 0.0)
-    layout = cfgmod.Layout(tmp_path / "n1")
-    ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), token="t", clock=FakeClock())
     started: list[dict[str, Any]] = []
     handed: list[tuple[str, str, int, str]] = []
 
@@ -45,16 +56,12 @@ def test_a_crashed_remote_run_is_started_again_then_handed_back(
         g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
         await g.start(("127.0.0.1", 0))
         try:
-            rr = RemoteRuns(ctx, RunTable(ctx), TaskLocks(), None, g, None)  # type: ignore[arg-type]
-
-            async def start(value: dict[str, Any]) -> None:  # the owner's branch read
-                started.append(value)
+            rr = _remote_runs(tmp_path, g, started)
 
             async def hand_back(repo: str, task: str, epoch: int, why: str) -> bool:
                 handed.append((repo, task, epoch, why))
                 return True
 
-            rr._start = start  # type: ignore[method-assign]
             rr.hand_back = hand_back  # type: ignore[method-assign]
             a = {"repo": "r", "task": "t1", "node": "n1", "epoch": 3, "url": "u", "owner": "n2"}
             g.publish("assign", "r/t1", a)
@@ -77,20 +84,13 @@ def test_an_assignment_gossip_held_before_the_service_started_is_run(tmp_path: P
     """The agent joins gossip before RemoteRuns subscribes; an owner that placed a task on
     us the moment we joined sent the assignment into that window. start() delivers it
     (before, nothing did, and the owner excluded us at its 10 s deadline)."""
-    layout = cfgmod.Layout(tmp_path / "n1")
-    ctx = NodeContext(layout, cfgmod.NodeConfig(name="n1"), token="t", clock=FakeClock())
     started: list[dict[str, Any]] = []
 
     async def go() -> None:
         g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
         await g.start(("127.0.0.1", 0))
         try:
-            rr = RemoteRuns(ctx, RunTable(ctx), TaskLocks(), None, g, None)  # type: ignore[arg-type]
-
-            async def start(value: dict[str, Any]) -> None:  # the owner's branch read
-                started.append(value)
-
-            rr._start = start  # type: ignore[method-assign]
+            rr = _remote_runs(tmp_path, g, started)
             mine = {"repo": "r", "task": "t1", "node": "n1", "epoch": 2, "url": "u", "owner": "n2"}
             theirs = {**mine, "task": "t2", "node": "n3"}
             g.publish("assign", "r/t1", mine)
