@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kovanex.core.leader import Config as LeaseConfig
+from kovanex.tomlwrite import toml_value
 
 BACKENDS = ("gossip", "nats")
 FAILOVERS = ("absolute_consistency", "split_brain_allowed")
@@ -109,5 +110,5 @@ class CoordinationConfig:
         out = ["", "[coordination]"]
         for f in fields(self):
             v = getattr(self, f.name)
-            out.append(f"{f.name} = {v!r}".replace("'", '"'))
+            out.append(f"{f.name} = {toml_value(v)}")
         return out

@@ -52,6 +52,14 @@ def test_the_table_round_trips_and_gossip_writes_nothing() -> None:
     assert back.coordination.lease().ttl_s == 4.0
 
 
+def test_a_cluster_name_with_quotes_and_backslashes_round_trips() -> None:
+    """repr() with its quotes swapped wrote `"it"s"` for `it's`: a file that no longer loads."""
+    c = cfgmod.NodeConfig("n1")
+    c.coordination = CoordinationConfig("nats", 4301, 4302, cluster_name='it\'s "a" \\ b')
+    back = cfgmod.NodeConfig.from_toml(c.to_toml())
+    assert back.coordination == c.coordination
+
+
 def test_init_with_nats_records_free_distinct_ports(tmp_path: Path) -> None:
     kx(
         "init",
