@@ -20,10 +20,10 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
-from kovanex.agent import coordination
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer
+from kovanex.agent.coordination import backend as coordination
 from kovanex.agent.deadline import PlacementDeadline
 from kovanex.agent.dispatch import Dispatcher, Sweeper
 from kovanex.agent.executor import kill_orphan
@@ -39,7 +39,7 @@ from kovanex.agent.placement import LocalNode, Placer
 from kovanex.agent.promotions import Promotions
 from kovanex.agent.pushes import PushHandler
 from kovanex.agent.remoterun import RemoteRuns
-from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scaling import ScalingService

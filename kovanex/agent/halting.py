@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
-from kovanex.agent.coordination import Coordination
+from kovanex.agent.coordination.backend import Coordination
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks

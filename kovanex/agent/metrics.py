@@ -30,7 +30,7 @@ from kovanex.net.codec import DROP_REASONS
 if TYPE_CHECKING:
     from kovanex.agent.cluster import Cluster
     from kovanex.agent.healthsvc import HealthService
-    from kovanex.agent.replica import ReplicaManager
+    from kovanex.agent.replication.manager import ReplicaManager
     from kovanex.agent.repos import RepoIndex
     from kovanex.agent.runs import RunTable
     from kovanex.agent.scaling import ScalingService

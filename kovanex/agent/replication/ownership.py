@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kovanex.agent.replica_fetch import ReplicaFetcher
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_place import ReplicaPlacer
-from kovanex.agent.replica_runtime import Peers, Runtime, parse_owner
+from kovanex.agent.replication.fetch import ReplicaFetcher
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.place import ReplicaPlacer
+from kovanex.agent.replication.runtime import Peers, Runtime, parse_owner
 from kovanex.core import takeguard
 from kovanex.core import takeover as decider
 from kovanex.core.decider import Driver

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
 from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError

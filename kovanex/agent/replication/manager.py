@@ -27,14 +27,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from kovanex.agent.ownership import NotOwner, OwnershipService
-from kovanex.agent.reconciler import Reconciler
-from kovanex.agent.replica_fetch import ReplicaFetcher
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_place import ReplicaPlacer
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_sync import SyncReplicator
-from kovanex.agent.replica_wire import ReplicaWire
+from kovanex.agent.replication.fetch import ReplicaFetcher
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.ownership import NotOwner, OwnershipService
+from kovanex.agent.replication.place import ReplicaPlacer
+from kovanex.agent.replication.reconciler import Reconciler
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.sync import SyncReplicator
+from kovanex.agent.replication.wire import ReplicaWire
 from kovanex.clock import SYSTEM, Clock
 from kovanex.core.replication import META_REF, REPLICA_ROLES, Ownership
 from kovanex.core.takeover import SETTLE_S

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 from kovanex import config as cfgmod
 from kovanex import natsauth
 from kovanex.agent.context import NodeContext
-from kovanex.agent.gossipcoord import GossipCoordination
-from kovanex.agent.natsserver import NatsServer
+from kovanex.agent.coordination.gossip import GossipCoordination
+from kovanex.agent.coordination.natsserver import NatsServer
 from kovanex.core import kvtopology, leaderstatus, rejoin
 from kovanex.core import leader as core
 from kovanex.core.decider import Driver

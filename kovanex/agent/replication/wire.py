@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from kovanex.agent.replica_runtime import Runtime
+from kovanex.agent.replication.runtime import Runtime
 from kovanex.gitstate import packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
