@@ -1,7 +1,7 @@
 """Who leads the cluster, at which term, and may consistent work run here: the coordination
 backend behind one small interface (issue 12, ADR 0026).
 
-- `GossipCoordination` (gossipcoord.py): today's behaviour. AP only: no leader among
+- `GossipCoordination` (gossip.py): today's behaviour. AP only: no leader among
   several nodes (`status: "uncoordinated"`); a lone node is its own leader at term 1.
 - `NatsCoordination`: a supervised `nats-server` child (natsserver.py) forms a JetStream
   cluster with the other SERVER/FULL nodes; the leader lease is a KV key held by

@@ -6,16 +6,16 @@ it questions (`owner_of`, `is_owner`, `replicate_sync`), so the decisions stay i
 `kovanex.gitstate` (ADR 0007). `ReplicaManager` is only a facade over services that each own
 their state (composition, no mixins):
 
-- `Runtime`/`Peers` (replica_runtime): identity, repo locks, tasks, gossip reads;
-- `OwnershipService` (ownership): owner announcements, takeover, demotion, publishing;
-- `ReplicaFetcher` (replica_fetch): fetch into staging unlocked, verify + apply (ADR 0016);
-- `ReplicaLag` (replica_lag): ref announcements, history snapshots, acks, lag;
-- `SyncReplicator` (replica_sync): `sync` stages and nudges;
-- `ReplicaWire` (replica_wire): the fetch and stage endpoints, both ends (ADR 0039);
-- `ReplicaPlacer` (replica_place): keeping `wanted` replicas placed;
-- `Reconciler` (reconciler): diverged branches merged after a heal (ADR 0028).
+- `Runtime`/`Peers` (runtime.py): identity, repo locks, tasks, gossip reads;
+- `OwnershipService` (ownership.py): owner announcements, takeover, demotion, publishing;
+- `ReplicaFetcher` (fetch.py): fetch into staging unlocked, verify + apply (ADR 0016);
+- `ReplicaLag` (lag.py): ref announcements, history snapshots, acks, lag;
+- `SyncReplicator` (sync.py): `sync` stages and nudges;
+- `ReplicaWire` (wire.py): the fetch and stage endpoints, both ends (ADR 0039);
+- `ReplicaPlacer` (place.py): keeping `wanted` replicas placed;
+- `Reconciler` (reconciler.py): diverged branches merged after a heal (ADR 0028).
 
-Gossip topics: "owner" (ownership.py), "refs" and "acks" (replica_lag.py). Everything runs
+Gossip topics: "owner" (ownership.py), "refs" and "acks" (lag.py). Everything runs
 on the event loop; local git goes through counted threads, network git through
 `gitcli.run_async` (killable), and no repo lock is ever held across network I/O.
 """
@@ -246,7 +246,7 @@ class ReplicaManager:
 
     def status(self, repo: str) -> dict[str, Any]:
         """{owner, owner_epoch, level, wanted, replicas: {name: {refs_behind, seconds_behind,
-        exact}}}; lag is exact on the owner (see replica_lag), `None` where unknown."""
+        exact}}}; lag is exact on the owner (see lag.py), `None` where unknown."""
         o = self.rt.known.get(repo)
         if o is None:
             return {}
