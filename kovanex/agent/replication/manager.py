@@ -60,6 +60,9 @@ class ReplicaManager:
         install_hooks: Callable[[Path], None],
         on_owned: Callable[[str], None],
         clock: Clock = SYSTEM,
+        broken: dict[str, str] | None = None,
+        leader_decides: Callable[[str], bool] = lambda repo: False,
+        on_demoted: Callable[[str, str], None] = lambda repo, owner: None,
         anti_entropy_s: float = ANTI_ENTROPY_S,
         placement_s: float = PLACEMENT_S,
         takeover_settle_s: float = TAKEOVER_SETTLE_S,
@@ -67,11 +70,27 @@ class ReplicaManager:
         clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
     ) -> None:
         self.rt = Runtime(
-            node=node_name, repos_dir=repos_dir, gossip=gossip, token=token, clock=clock
+            node=node_name,
+            repos_dir=repos_dir,
+            gossip=gossip,
+            token=token,
+            clock=clock,
+            broken=broken,  # the RepoIndex's: one record of the broken repos
         )
         self.peers = Peers(self.rt, http_url)
         self.lag = ReplicaLag(self.rt, self.peers)
-        self.wire = ReplicaWire(self.rt)  # the listener serves it: see `http.internal`
+        # wire <-> reconciler is a cycle (an offer lands, the reconciler merges it, using
+        # the wire): the wire asks for the reconciler at call time (ADR 0107)
+        self.wire = ReplicaWire(  # the agent's HTTP listener serves it (`internal`)
+            self.rt, on_offered=lambda repo: self.rt.spawn(self.reconciler.merge_staged(repo))
+        )
+        self.reconciler = Reconciler(
+            self.rt,
+            self.peers,
+            nudge=self._nudge_owner,
+            merged=self.lag.refs_changed,
+            wire=self.wire,
+        )
         self.fetcher = ReplicaFetcher(
             self.rt,
             self.peers,
@@ -80,6 +99,7 @@ class ReplicaManager:
             fetch_timeout_s=fetch_timeout_s,
             clone_timeout_s=clone_timeout_s,
             wire=self.wire,
+            on_resynced=lambda repo: self.rt.spawn(self.reconciler.offer(repo)),
         )
         self.sync = SyncReplicator(self.rt, self.peers, self.wire, self.lag.tips)
         self.placer = ReplicaPlacer(self.rt, self.peers, self._placed, takeover_settle_s)
@@ -91,16 +111,9 @@ class ReplicaManager:
             self.placer,
             on_owned=on_owned,
             settle_s=takeover_settle_s,
+            leader_decides=leader_decides,
+            on_demoted=on_demoted,
         )
-        self.reconciler = Reconciler(
-            self.rt,
-            self.peers,
-            nudge=self._nudge_owner,
-            merged=self.lag.refs_changed,
-            wire=self.wire,
-        )
-        self.fetcher.on_resynced = lambda repo: self.rt.spawn(self.reconciler.offer(repo))
-        self.wire.on_offered = lambda repo: self.rt.spawn(self.reconciler.merge_staged(repo))
         self.anti_entropy_s = anti_entropy_s
         self.placement_s = placement_s
         self._unsub: list[Callable[[], None]] = []
