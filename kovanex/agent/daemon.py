@@ -20,6 +20,7 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
+from kovanex.agent.assignments import Assignments
 from kovanex.agent.cluster import Cluster, load_keyring
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer
@@ -51,9 +52,7 @@ from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.feeds import ApiFeeds
 from kovanex.clock import settled
-from kovanex.core.effects import Assign
-from kovanex.core.netpolicy import NodePorts, parse_egress
-from kovanex.core.task import TaskView
+from kovanex.core.netpolicy import NodePorts, node_ports, parse_egress
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer, Router
 from kovanex.net.gossip import MemberInfo
@@ -165,11 +164,11 @@ class Agent:
             self.server_placement,
             self.locks,
             watch_lease=lambda key, view: self.deadline.watch(key, view),
-            announce=self._announce,
+            announce=lambda a: self.assignments.announce(a),
             kick=lambda repo: self.dispatcher.changed(repo),
             can_place_remotely=lambda: bool(self.cluster.node_infos()),
             on_placed=lambda seconds: self.metrics.placed(seconds),
-            lease_over=self._retract,
+            lease_over=lambda repo, view: self.assignments.retract(repo, view),
             grant=self.consistent.grant,
         )
         self.cluster = Cluster(
@@ -182,6 +181,7 @@ class Agent:
             on_record=lambda event: self.feeds.recorded(event),
         )
         gossip = self.cluster.node
+        self.assignments = Assignments(cfg.name, gossip, self.http_url)
         self.leader = LeaderWork(self, requeued=self._requeued)  # grants (ADR 0036)
         self.deadline = PlacementDeadline(
             ctx,
@@ -352,27 +352,6 @@ class Agent:
     def _on_member_event(self, topic: str, member: MemberInfo) -> None:
         self.failover.on_member_event(topic, member)
 
-    def _announce(self, a: Assign) -> None:
-        self.cluster.node.publish(
-            "assign",
-            f"{a.repo}/{a.task_id}",
-            {
-                "repo": a.repo,
-                "task": a.task_id,
-                "node": a.node,
-                "epoch": a.epoch,
-                "url": self.http_url(),
-                "owner": self.ctx.name,
-            },
-        )
-
-    def _retract(self, repo: str, view: TaskView) -> None:
-        """A task's lease is over (final, or queued again): tombstone its `assign` key, so
-        its runner learns of a cancel at once and finished tasks leave no keys behind."""
-        key = f"{repo}/{view.task_id}"
-        if self.cluster.node.get("assign", key) is not None:
-            self.cluster.node.publish("assign", key, None)
-
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""
         self.repos.refresh()
@@ -391,15 +370,10 @@ class Agent:
     def node_ports(self) -> NodePorts:
         """The listeners of this node that its units must not reach (ADR 0076)."""
         co = self.ctx.cfg.coordination
-        tcp = []
-        if co.backend == "nats":
-            tcp += [("nats client", co.client_port), ("nats route", co.cluster_port)]
-        if self.hooks.port:  # bound before the rules are applied (HookServer.bind)
-            tcp.append(("hook", self.hooks.port))
-        gossip = self.cluster.node.addr[1]  # 0 until gossip has started
-        if gossip:
-            tcp.append(("gossip", gossip))
-        return NodePorts(tuple(tcp), (("gossip", gossip),) if gossip else (), self.http.port)
+        nats = (co.client_port, co.cluster_port) if co.backend == "nats" else None
+        # the hook port is bound before the rules are applied (HookServer.bind); gossip's
+        # is 0 until gossip has started
+        return node_ports(nats, self.hooks.port, self.cluster.node.addr[1], self.http.port)
 
     async def _enforce_network(self) -> None:
         await asyncio.to_thread(self.network.apply, self.node_ports())
