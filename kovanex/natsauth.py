@@ -111,7 +111,7 @@ def server_auth(secret: str, keyring: list[bytes], name: str = "") -> ServerAuth
 
 def agent_permissions() -> dict[str, Any]:
     """The only subjects the agent's user may touch: the bucket's keys, the JetStream API
-    calls coordination.py makes on the bucket's stream, and its own reply inboxes. No
+    calls coordination/backend.py makes on the bucket's stream, and its own reply inboxes. No
     purge, no delete, no other stream, no other account's traffic."""
     api = "$JS.API"
     return {

@@ -13,7 +13,7 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex import natsauth
-from kovanex.agent.natsserver import nats_binary
+from kovanex.agent.coordination.natsserver import nats_binary
 from tests.agentkit import Node, process_gone, wait_for
 
 TOKEN = "t0ken-for-tests"

@@ -1,4 +1,4 @@
-"""The NATS topology under the lease as a pure core (agent/coordination.py runs it):
+"""The NATS topology under the lease as a pure core (agent/coordination/backend.py runs it):
 routes keep dead servers, clients and the bucket count only live ones, a lone server
 turns clustered once another appears, the bucket grows to at most 5 replicas, and the
 stream leader steps off the lease holder."""

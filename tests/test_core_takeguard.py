@@ -1,4 +1,4 @@
-"""The re-checks a takeover makes under the repo's lock, as a pure core (agent/ownership.py
+"""The re-checks a takeover makes under the repo's lock, as a pure core (agent/replication/ownership.py
 runs it): a stale grant or gossip view, or a disk that knows better, writes nothing."""
 
 from __future__ import annotations

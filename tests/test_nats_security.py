@@ -20,7 +20,7 @@ import pytest
 
 from kovanex import config as cfgmod
 from kovanex import natsauth
-from kovanex.agent.natsserver import nats_binary, render_config
+from kovanex.agent.coordination.natsserver import nats_binary, render_config
 from tests.agentkit import Node, clone_with_task, exchange_dir, git, wait_for
 from tests.natsraw import RawNats
 from tests.test_coordination_nats import TOKEN, agreed, gossip_addr

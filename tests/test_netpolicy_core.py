@@ -47,6 +47,16 @@ def test_kovanex_toml_refuses_a_host_name_with_the_field(tmp_path: Path) -> None
         cfgmod.load(layout)
 
 
+def test_the_node_ports_are_nats_hook_and_gossip_once_bound() -> None:
+    ports = core.node_ports((4222, 6222), 7001, 7946, 8080)
+    assert ports == core.NodePorts(
+        (("nats client", 4222), ("nats route", 6222), ("hook", 7001), ("gossip", 7946)),
+        (("gossip", 7946),),
+        8080,
+    )
+    assert core.node_ports(None, 0, 0, 8080) == core.NodePorts((), (), 8080)  # nothing bound
+
+
 def test_the_rules_close_node_ports_to_the_units_uids_only() -> None:
     ports = core.NodePorts((("nats client", 4222), ("gossip", 7946)), (("gossip", 7946),), 8080)
     all_ = core.render("kovanex-n1-abc123", [61001, 61000], ports, core.Egress())

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.net.githttp import GitHttpServer
 from kovanex.net.gossip import GossipNode
 from kovanex.net.transport import MemoryNetwork, MemoryTransport

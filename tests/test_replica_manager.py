@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.core.gossip_profiles import profile
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.mirror import SYNC_STAGING
@@ -442,7 +442,7 @@ def test_a_demoted_owner_whose_resync_fetch_found_nothing_tries_again(
     fetch finds no address for its new owner (or fails), nothing else fetches for it, so
     what only it holds was never kept or offered. The anti-entropy tick tries again
     (`ReplicaFetcher.retry_resyncs`, found by the partition tests)."""
-    from kovanex.agent.replica_fetch import ReplicaFetcher
+    from kovanex.agent.replication.fetch import ReplicaFetcher
 
     real = ReplicaFetcher._fetch
     skipped: list[str] = []

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kovanex.agent.replica_runtime import Runtime
-from kovanex.agent.replica_wire import PREFIX, ReplicaWire
+from kovanex.agent.replication.runtime import Runtime
+from kovanex.agent.replication.wire import PREFIX, ReplicaWire
 from kovanex.clock import SYSTEM
 from kovanex.core.replication import Ownership
 from kovanex.gitstate import gitcli

@@ -53,15 +53,20 @@ class Cluster:
         ctx: NodeContext,
         local: LocalNode,
         http_url: Callable[[], str],
-        on_member_event: Callable[[str, Any], None],
+        on_member_event: Callable[[str, MemberInfo], None],
+        *,
+        keyring: Keyring | None = None,
+        extra_meta: Callable[[], dict[str, Any]] = dict,
+        on_record: Callable[[dict[str, Any]], None] = lambda event: None,
     ) -> None:
         self.ctx = ctx
         self.local = local
         self.http_url = http_url
         self.on_member_event = on_member_event
-        self.extra_meta: Callable[[], dict[str, Any]] = dict  # coordination's (nats ports)
+        self.extra_meta = extra_meta  # coordination's (nats ports, lease term)
         cfg = ctx.cfg
-        self.keyring = load_keyring(ctx.layout, cfg)
+        # the agent loads it first: the NATS backend's users follow the same live keyring
+        self.keyring = keyring if keyring is not None else load_keyring(ctx.layout, cfg)
         self._cordoned = ctx.layout.cordon_file.exists()
         if not self.keyring.keys():
             log.warning(
@@ -80,7 +85,7 @@ class Cluster:
         )
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
         self.seq = 0
-        self.on_record: Callable[[dict[str, Any]], None] = lambda event: None
+        self.on_record = on_record  # the API's event feed
         self._last_meta: dict[str, Any] = {}
         self._handlers: set[asyncio.Task[Any]] = set()
 

@@ -20,10 +20,11 @@ from typing import Any
 
 from kovanex import config as cfgmod
 from kovanex import nodemodules as modules
-from kovanex.agent import coordination
-from kovanex.agent.cluster import Cluster
+from kovanex.agent.assignments import Assignments
+from kovanex.agent.cluster import Cluster, load_keyring
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlServer
+from kovanex.agent.coordination import backend as coordination
 from kovanex.agent.deadline import PlacementDeadline
 from kovanex.agent.dispatch import Dispatcher, Sweeper
 from kovanex.agent.executor import kill_orphan
@@ -39,7 +40,7 @@ from kovanex.agent.placement import LocalNode, Placer
 from kovanex.agent.promotions import Promotions
 from kovanex.agent.pushes import PushHandler
 from kovanex.agent.remoterun import RemoteRuns
-from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scaling import ScalingService
@@ -51,9 +52,7 @@ from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.feeds import ApiFeeds
 from kovanex.clock import settled
-from kovanex.core.effects import Assign
-from kovanex.core.netpolicy import NodePorts, parse_egress
-from kovanex.core.task import TaskView
+from kovanex.core.netpolicy import NodePorts, node_ports, parse_egress
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer, Router
 from kovanex.net.gossip import MemberInfo
@@ -83,10 +82,21 @@ class Agent:
     def __init__(
         self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, front: Front | None = None
     ) -> None:
+        # Each service gets its collaborators in its constructor, built in dependency
+        # order. Where a service must call one built after it (a true cycle: the runs
+        # report tips to the scheduler that needs the runs), it gets a relay, a lambda
+        # over this composition root resolved at call time; nothing calls one before
+        # `run`, and nothing is assigned into a service afterwards (ADR 0107,
+        # tests/test_wiring.py).
         ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout))
         self.started = ctx.clock.time()
-        self.repos = RepoIndex(layout, cfg.name)
-        self.runs = RunTable(ctx)
+        self.url = ""  # this node's HTTP base URL, once its listener is bound (_start)
+        self.repos = RepoIndex(layout, cfg.name, roles=lambda: self.replicas)
+        self.runs = RunTable(
+            ctx,
+            on_tip=lambda repo, task, tip: self.scheduler.saw_tip(repo, task, tip),
+            on_finished=self._ran,
+        )
         self.heap = IdleTrim(
             lambda: bool(self.runs.runs), clock=ctx.clock
         )  # freed heap back when idle
@@ -108,9 +118,6 @@ class Agent:
         self.server_placement = ServerPlacement(
             ctx, self.placer, self.repos, lambda: self.cluster.members()
         )
-        self.scheduler = TaskScheduler(
-            ctx, self.repos, self.runs, self.placer, self.server_placement, self.locks
-        )
         self.health = HealthService(
             layout.root,
             runner_total_fn=lambda: self.runs.slots.total,
@@ -120,23 +127,82 @@ class Agent:
         )
         self.ops = ControlOps(self)  # the request surface; it reads the services below
         self.book = TokenBook(layout.tokens_file)
-        host, port = cfgmod.parse_addr(cfg.http_bind, 0)
-        self.http = GitHttpServer(
-            layout.repos,
-            ctx.token,
-            bind=(host, port),
-            api=self.ops.http_api,
-            users=self.book,
-            clock=ctx.clock,
-        )
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
-        self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
+        keyring = load_keyring(layout, cfg)  # gossip's, and NATS users derive from it
+        self.coord = coordination.make(
+            ctx,
+            lambda: self.cluster.members(),
+            coordination.Callbacks(
+                keys=keyring.keys,  # `kovanex keys` rotates NATS users too
+                on_halt=lambda repo, task, why: self.consistent.halt(repo, task, why),
+                on_resume=lambda repo, task, term: self.consistent.resume(repo, task, term),
+                record=lambda kind, data: self.cluster.record(kind, data),
+                sync=lambda: self.leader.resync(),
+                on_ready=self._synced,
+            ),
+        )
+        nats = isinstance(self.coord, coordination.NatsCoordination)
+        self.consistent = ConsistentWork(
+            ctx,
+            self.coord,
+            self.repos,
+            self.runs,
+            self.locks,
+            kick=lambda: self.dispatcher.changed("", ""),
+            hand_back=(
+                (lambda repo, task, epoch, why: self.remote.hand_back(repo, task, epoch, why))
+                if nats
+                else None
+            ),
+        )
+        # before the gossip member: its first meta samples health, which reads the queue
+        self.scheduler = TaskScheduler(
+            ctx,
+            self.repos,
+            self.runs,
+            self.placer,
+            self.server_placement,
+            self.locks,
+            watch_lease=lambda key, view: self.deadline.watch(key, view),
+            announce=lambda a: self.assignments.announce(a),
+            kick=lambda repo: self.dispatcher.changed(repo),
+            can_place_remotely=lambda: bool(self.cluster.node_infos()),
+            on_placed=lambda seconds: self.metrics.placed(seconds),
+            lease_over=lambda repo, view: self.assignments.retract(repo, view),
+            grant=self.consistent.grant,
+        )
+        self.cluster = Cluster(
+            ctx,
+            self.local,
+            self.http_url,
+            self._on_member_event,
+            keyring=keyring,
+            extra_meta=self.coord.meta,
+            on_record=lambda event: self.feeds.recorded(event),
+        )
         gossip = self.cluster.node
-        self.coord = coordination.make(ctx, self.cluster.members)
-        self.cluster.extra_meta = self.coord.meta
-        self.consistent = ConsistentWork(ctx, self.coord, self.repos, self.runs, self.locks)
-        self.deadline = PlacementDeadline(ctx, self.repos, self.placer, self.locks, gossip)
-        self.failover = Failover(ctx, self.repos, self.locks, gossip)
+        self.assignments = Assignments(cfg.name, gossip, self.http_url)
+        self.leader = LeaderWork(self, requeued=self._requeued)  # grants (ADR 0036)
+        self.deadline = PlacementDeadline(
+            ctx,
+            self.repos,
+            self.placer,
+            self.locks,
+            gossip,
+            requeued=self._requeued,
+            record=self.cluster.record,
+        )
+        self.failover = Failover(
+            ctx,
+            self.repos,
+            self.locks,
+            gossip,
+            requeued=self._requeued,
+            changed=lambda: self.dispatcher.changed("", ""),
+            record=self.cluster.record,
+            tracked=lambda: list(self.scheduler.active),
+            leader_decides=self.leader.decides_task if nats else lambda repo, task: False,
+        )
         self.replicas = ReplicaManager(
             node_name=cfg.name,
             repos_dir=layout.repos,
@@ -146,18 +212,48 @@ class Agent:
             install_hooks=lambda path: prepare_repo(path, layout.root, cfg.limits.pack_bytes),
             on_owned=self._on_owned,
             clock=ctx.clock,
+            broken=self.repos.broken,  # one record of the broken repos
+            leader_decides=self.leader.decides_repo if nats else lambda repo: False,
+            on_demoted=lambda repo, owner: self.remote.demoted(repo, owner),
         )
-        self.repos.roles = self.replicas
-        self.replicas.rt.broken = self.repos.broken  # one record of the broken repos
-        self.http.internal = self.replicas.wire  # replication's fetch/stage endpoints
         self.remote = RemoteRuns(ctx, self.runs, self.locks, self.deadline, gossip, self.replicas)
         self.dispatcher = Dispatcher(self.repos, self.scheduler, self.replicas, clock=ctx.clock)
+        self.upkeep = UpkeepService(
+            ctx,
+            self.repos,
+            self._archived,
+            layout.upkeep_file,
+            quiet=self._unwatch,
+            loud=self._rewatch,
+        )
         self.sweeper = Sweeper(
             self.repos,
             self.scheduler,
             self.watch,
             self.failover.fence_failed_holders,
             clock=ctx.clock,
+            busy=lambda repo: repo in self.upkeep.rewriting,
+        )
+        self.scaling = ScalingService(
+            ctx,
+            pending=lambda: len(self.scheduler.pending),
+            members=self.cluster.members,
+            local_free=lambda: self.runs.slots.free,
+            health=lambda: self.cluster.node.items("health"),
+            on_decision=lambda d: self.cluster.record(
+                "scale", {**d["recommendation"], "applied": bool(d.get("applied"))}
+            ),
+        )
+        # the API's event feeds (kovanex/api/feeds.py); its router is built by `front`
+        self.feeds = ApiFeeds(self.repos.ledger, self.repos.all(), self.scaling.decision)
+        self.promotions = Promotions(
+            ctx,
+            self.repos,
+            self.replicas,
+            self.dispatcher.changed,
+            self.cluster.members,
+            term=self._term if nats else lambda: 0,
+            on_change=self.feeds.promoted,
         )
         self.pushes = PushHandler(
             ctx,
@@ -168,21 +264,10 @@ class Agent:
             self.replicas,
             self.remote.owner_desc,
             self.watch,
+            on_release=self.promotions.on_push,
+            quorum=self.coord.can_place if nats else None,
         )
-        self.promotions = Promotions(
-            ctx, self.repos, self.replicas, self.dispatcher.changed, self.cluster.members
-        )
-        self.pushes.on_release = self.promotions.on_push
         self.token_sync = TokenSync(self.book, gossip)
-        self.scaling = ScalingService(
-            ctx,
-            pending=lambda: len(self.scheduler.pending),
-            members=self.cluster.members,
-            local_free=lambda: self.runs.slots.free,
-            health=lambda: self.cluster.node.items("health"),
-        )
-        # the API's event feeds (kovanex/api/feeds.py); its router is built by `front`
-        self.feeds = ApiFeeds(self.repos.ledger, self.repos.all(), self.scaling.decision)
         self.metrics = Metrics(
             ctx,
             self.cluster,
@@ -192,60 +277,29 @@ class Agent:
             self.replicas,
             self.health,
             self.scaling,
+            leader_term=(lambda: self.coord.summary()["term"] or None) if nats else lambda: None,
         )
         self.hooks = HookServer(
             layout.hook_endpoint, self.metrics.events.timed(self.pushes.on_hook), clock=ctx.clock
         )
         self.feeds.hub.subscribe(self.metrics.events.on_event)
         self.control = ControlServer(layout.control_socket, self.ops.on_control)
-        self.upkeep = UpkeepService(ctx, self.repos, self._archived, layout.upkeep_file)
         self.watcher: RefWatcher | None = None
-        self.leader = LeaderWork(self)  # the leader's grants and reschedules (ADR 0036)
-        if front is not None:  # /ui/ pages, then /v1
-            self.http.router = front(self)
-
-        # -- who tells whom -------------------------------------------------------------
-        self.runs.on_tip = self.scheduler.saw_tip
-        self.runs.on_finished = self._ran
-        self.replicas.ownership.on_demoted = self.remote.demoted
-        self.upkeep.quiet = self._unwatch
-        self.upkeep.loud = self._rewatch
-        self.sweeper.busy = lambda repo: repo in self.upkeep.rewriting
-        self.scheduler.watch_lease = self.deadline.watch
-        self.scheduler.announce = self._announce
-        self.scheduler.lease_over = self._retract
-        self.failover.tracked = lambda: list(self.scheduler.active)
-        self.scheduler.kick = self.dispatcher.changed
-        self.scheduler.can_place_remotely = lambda: bool(self.cluster.node_infos())
-        self.scheduler.on_placed = self.metrics.placed
-        self.scaling.on_decision = lambda d: self.cluster.record(
-            "scale", {**d["recommendation"], "applied": bool(d.get("applied"))}
+        host, port = cfgmod.parse_addr(cfg.http_bind, 0)
+        self.http = GitHttpServer(  # last: /ui/ pages, then /v1, over the finished services
+            layout.repos,
+            ctx.token,
+            bind=(host, port),
+            api=self.ops.http_api,
+            users=self.book,
+            router=front(self) if front is not None else None,
+            internal=self.replicas.wire,  # replication's fetch/stage endpoints
+            clock=ctx.clock,
         )
-        self.deadline.requeued = self._requeued
-        self.deadline.record = self.cluster.record
-        self.failover.requeued = self._requeued
-        self.failover.changed = lambda: self.dispatcher.changed("", "")
-        self.failover.record = self.cluster.record
-        self.cluster.on_record = self.feeds.recorded
-        self.promotions.on_change = self.feeds.promoted
-        self.scheduler.grant = self.consistent.grant
-        self.consistent.kick = lambda: self.dispatcher.changed("", "")
-        if isinstance(self.coord, coordination.NatsCoordination):
-            self.coord.keys = self.cluster.keyring.keys  # `kovanex keys` rotates NATS users
-            self.metrics.leader_term = lambda: self.coord.summary()["term"] or None
-            self.promotions.term = lambda: (
-                int(self.coord.summary()["term"]) if self.coord.can_place() else None
-            )
-            self.coord.on_halt = self.consistent.halt
-            self.pushes.quorum = self.coord.can_place
-            self.coord.on_resume = self.consistent.resume
-            self.coord.sync = self.leader.resync
-            self.coord.on_ready = self._synced
-            self.consistent.hand_back = self.remote.hand_back
-            self.coord.record = self.cluster.record
-            self.replicas.ownership.leader_decides = self.leader.decides_repo
-            self.failover.leader_decides = self.leader.decides_task
-            self.leader.requeued = self._requeued
+
+    def _term(self) -> int | None:
+        """The leader's term for a promotion's commits; None without a quorum."""
+        return int(self.coord.summary()["term"]) if self.coord.can_place() else None
 
     # -- wiring helpers ----------------------------------------------------------------
     def _ran(self, repo: str, task_id: str) -> None:
@@ -261,7 +315,7 @@ class Agent:
         self.remote.recheck()
 
     def http_url(self) -> str:
-        return self.http.url if self.http.port else ""
+        return self.url
 
     def watch(self, repo: str) -> None:
         if self.watcher is not None:
@@ -298,27 +352,6 @@ class Agent:
     def _on_member_event(self, topic: str, member: MemberInfo) -> None:
         self.failover.on_member_event(topic, member)
 
-    def _announce(self, a: Assign) -> None:
-        self.cluster.node.publish(
-            "assign",
-            f"{a.repo}/{a.task_id}",
-            {
-                "repo": a.repo,
-                "task": a.task_id,
-                "node": a.node,
-                "epoch": a.epoch,
-                "url": self.http_url(),
-                "owner": self.ctx.name,
-            },
-        )
-
-    def _retract(self, repo: str, view: TaskView) -> None:
-        """A task's lease is over (final, or queued again): tombstone its `assign` key, so
-        its runner learns of a cancel at once and finished tasks leave no keys behind."""
-        key = f"{repo}/{view.task_id}"
-        if self.cluster.node.get("assign", key) is not None:
-            self.cluster.node.publish("assign", key, None)
-
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""
         self.repos.refresh()
@@ -337,15 +370,10 @@ class Agent:
     def node_ports(self) -> NodePorts:
         """The listeners of this node that its units must not reach (ADR 0076)."""
         co = self.ctx.cfg.coordination
-        tcp = []
-        if co.backend == "nats":
-            tcp += [("nats client", co.client_port), ("nats route", co.cluster_port)]
-        if self.hooks.port:  # bound before the rules are applied (HookServer.bind)
-            tcp.append(("hook", self.hooks.port))
-        gossip = self.cluster.node.addr[1]  # 0 until gossip has started
-        if gossip:
-            tcp.append(("gossip", gossip))
-        return NodePorts(tuple(tcp), (("gossip", gossip),) if gossip else (), self.http.port)
+        nats = (co.client_port, co.cluster_port) if co.backend == "nats" else None
+        # the hook port is bound before the rules are applied (HookServer.bind); gossip's
+        # is 0 until gossip has started
+        return node_ports(nats, self.hooks.port, self.cluster.node.addr[1], self.http.port)
 
     async def _enforce_network(self) -> None:
         await asyncio.to_thread(self.network.apply, self.node_ports())
@@ -408,6 +436,7 @@ class Agent:
                 log.info("killed an orphaned step from before the restart (%s)", pidfile.stem)
         await reap_stale()  # step cgroups left by a previous agent that was killed
         await self.http.start()
+        self.url = self.http.url  # gossip meta and the replicas' peers ask for it
         await self.cluster.start()
         self.hooks.bind()  # its port, served later, is closed to units with the rest
         await self._enforce_network()  # before any step can run

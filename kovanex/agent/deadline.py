@@ -31,6 +31,9 @@ class PlacementDeadline:
         placer: Placer,
         locks: TaskLocks,
         gossip: GossipNode,
+        *,
+        requeued: Callable[[str, str], None] = lambda repo, task: None,
+        record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
@@ -40,9 +43,8 @@ class PlacementDeadline:
         self.watches: dict[Key, startwatch.Watch] = {}
         self.failures: dict[Key, startwatch.StartFailure] = {}
         self._kick = asyncio.Event()
-        # wired by the agent: a requeue was written (the scheduler takes it in), an event
-        self.requeued: Callable[[str, str], None] = lambda repo, task: None
-        self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        self.requeued = requeued  # a requeue was written (the scheduler takes it in)
+        self.record = record  # an event for the cluster's stream
 
     def start(self) -> None:
         self.gossip.subscribe(START_FAILED, self._on_start_failed)

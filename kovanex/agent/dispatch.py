@@ -8,8 +8,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskScheduler
 from kovanex.clock import SYSTEM, Clock
@@ -25,7 +25,11 @@ SETTLE_S = 0.02
 
 class Dispatcher:
     def __init__(
-        self, repos: RepoIndex, scheduler: TaskScheduler, replicas: Any, clock: Clock = SYSTEM
+        self,
+        repos: RepoIndex,
+        scheduler: TaskScheduler,
+        replicas: ReplicaManager,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.repos = repos
         self.clock = clock
@@ -120,6 +124,7 @@ class Sweeper:
         fence: Callable[[], Awaitable[None]],
         every: float = SWEEP_S,
         clock: Clock = SYSTEM,
+        busy: Callable[[str], bool] = lambda repo: False,
     ) -> None:
         self.repos = repos
         self.clock = clock
@@ -127,9 +132,9 @@ class Sweeper:
         self.watch = watch
         self.fence = fence
         self.every = every
-        # wired: upkeep is rewriting this repo's refs (an archive, pack-refs); its loose
-        # refs change by the thousand, and the repo is read once when it is done
-        self.busy: Callable[[str], bool] = lambda repo: False
+        # upkeep is rewriting this repo's refs (an archive, pack-refs); its loose refs
+        # change by the thousand, and the repo is read once when it is done
+        self.busy = busy
 
     async def sweep(self) -> None:
         for repo in self.repos.refresh():

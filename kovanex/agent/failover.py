@@ -20,7 +20,7 @@ from kovanex.core.decider import Driver
 from kovanex.core.effects import WriteRef
 from kovanex.gitstate.ledger import NoSuchTask, exclusions
 from kovanex.gitstate.store import CasConflict, StaleEpoch
-from kovanex.net.gossip import GossipNode
+from kovanex.net.gossip import GossipNode, MemberInfo
 
 log = logging.getLogger("kovanex.agent")
 PROBE_S = 0.2
@@ -28,23 +28,32 @@ PROBE_S = 0.2
 
 class Failover:
     def __init__(
-        self, ctx: NodeContext, repos: RepoIndex, locks: TaskLocks, gossip: GossipNode
+        self,
+        ctx: NodeContext,
+        repos: RepoIndex,
+        locks: TaskLocks,
+        gossip: GossipNode,
+        *,
+        requeued: Callable[[str, str], None] = lambda repo, task: None,
+        changed: Callable[[], None] = lambda: None,
+        record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None,
+        tracked: Callable[[], Iterable[tuple[str, str]]] | None = None,
+        leader_decides: Callable[[str, str], bool] = lambda repo, task: False,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
         self.locks = locks
         self.gossip = gossip
-        # wired by the agent: a requeue was written; capacity or holders changed
-        self.requeued: Callable[[str, str], None] = lambda repo, task: None
-        self.changed: Callable[[], None] = lambda: None
-        self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        self.requeued = requeued  # a requeue was written
+        self.changed = changed  # capacity or holders changed: a placement pass
+        self.record = record
         # the tasks that can hold a lease (the scheduler's active set); None: every task
-        self.tracked: Callable[[], Iterable[tuple[str, str]]] | None = None
+        self.tracked = tracked
         # with coordination on, the leader re-places absolute-consistency tasks (ADR 0036)
-        self.leader_decides: Callable[[str, str], bool] = lambda repo, task: False
+        self.leader_decides = leader_decides
         self._peers = asyncio.Event()  # set on any member event (probe_suspects wakes)
 
-    def on_member_event(self, topic: str, member: Any) -> None:
+    def on_member_event(self, topic: str, member: MemberInfo) -> None:
         """Membership changed: capacity may have appeared, or a lease holder died."""
         self._peers.set()  # someone else is (or was) there: suspects are possible again
         if topic in ("member-failed", "member-leave"):

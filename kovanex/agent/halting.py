@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
-from kovanex.agent.coordination import Coordination
+from kovanex.agent.coordination.backend import Coordination
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
@@ -35,15 +35,18 @@ class ConsistentWork:
         repos: RepoIndex,
         runs: RunTable,
         locks: TaskLocks,
+        *,
+        kick: Callable[[], None] = lambda: None,
+        hand_back: Callable[[str, str, int, str], Awaitable[bool]] | None = None,
     ) -> None:
         self.ctx = ctx
         self.coord = coord
         self.repos = repos
         self.runs = runs
         self.locks = locks
-        self.kick: Callable[[], None] = lambda: None  # wired: a placement pass
-        # wired: RemoteRuns.hand_back(repo, task, epoch, why)
-        self.hand_back: Callable[[str, str, int, str], Awaitable[bool]] = _no_hand_back
+        self.kick = kick  # a placement pass
+        # RemoteRuns.hand_back(repo, task, epoch, why)
+        self.hand_back = hand_back if hand_back is not None else _no_hand_back
         self.halted_owned: dict[tuple[str, str], int] = {}  # halted as owner -> its epoch
 
     def consistent(self, spec: specmod.TaskSpec) -> bool:

@@ -41,7 +41,11 @@ HELD = frozenset({taskcore.PLACED, taskcore.RUNNING})
 
 
 class LeaderWork:
-    def __init__(self, agent: NodeServices) -> None:
+    def __init__(
+        self,
+        agent: NodeServices,
+        requeued: Callable[[str, str], None] = lambda repo, task: None,
+    ) -> None:
         self.a = agent
         self.on = agent.coord.backend == "nats"
         self.ttl_s = agent.ctx.cfg.coordination.lease_ttl_s
@@ -49,7 +53,7 @@ class LeaderWork:
         # what this leader issued, and since when members are gone (core/grantmemory.py)
         self.memory = Driver(grantmemory.decide, grantmemory.memory(self.ttl_s))
         self._kinds: dict[tuple[str, str], bool] = {}  # task -> absolute_consistency?
-        self.requeued: Callable[[str, str], None] = lambda repo, task: None  # wired
+        self.requeued = requeued  # a reschedule was written: the scheduler takes it in
 
     @property
     def gossip(self) -> GossipNode:

@@ -30,7 +30,7 @@ from kovanex.net.codec import DROP_REASONS
 if TYPE_CHECKING:
     from kovanex.agent.cluster import Cluster
     from kovanex.agent.healthsvc import HealthService
-    from kovanex.agent.replica import ReplicaManager
+    from kovanex.agent.replication.manager import ReplicaManager
     from kovanex.agent.repos import RepoIndex
     from kovanex.agent.runs import RunTable
     from kovanex.agent.scaling import ScalingService
@@ -53,6 +53,7 @@ class Metrics:
         replicas: ReplicaManager,
         health: HealthService,
         scaling: ScalingService,
+        leader_term: Callable[[], int | None] = lambda: None,  # coordination on: the term
     ) -> None:
         self.ctx = ctx
         self.cluster = cluster
@@ -62,7 +63,7 @@ class Metrics:
         self.replicas = replicas
         self.health = health
         self.scaling = scaling
-        self.leader_term: Callable[[], int | None] = lambda: None  # wired when coordination is on
+        self.leader_term = leader_term
         self._states: dict[tuple[str, str], tuple[str, str]] = {}  # key -> (tip, state)
         self.registry = CollectorRegistry()
         self.placements = PromCounter(

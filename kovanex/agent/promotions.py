@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.control import ControlError
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.core import promotion as pcore
 from kovanex.core import promotion_state as ps
@@ -92,18 +93,21 @@ class Promotions:
         self,
         ctx: NodeContext,
         repos: RepoIndex,
-        replicas: Any,
+        replicas: ReplicaManager,
         changed: Callable[[str, str | None], None],
         members: Callable[[], list[dict[str, Any]]],
+        *,
+        term: Callable[[], int | None] = lambda: 0,
+        on_change: Callable[[dict[str, Any]], None] = lambda event: None,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
         self.replicas = replicas
         self.changed = changed  # the dispatcher: schedule a task / announce moved refs
-        # the leader's term when coordination is on (None: no quorum), 0 on gossip (wired)
-        self.term: Callable[[], int | None] = lambda: 0
+        # the leader's term when coordination is on (None: no quorum), 0 on gossip
+        self.term = term
         self.members = members
-        self.on_change: Callable[[dict[str, Any]], None] = lambda event: None  # the API's feed
+        self.on_change = on_change  # the API's feed
         self.seen: dict[tuple[str, str], float] = {}  # (repo, version) -> first seen
         self.errors: dict[str, list[str]] = {}
         self.busy: dict[str, int] = {}  # repo -> effects applied by its last pass

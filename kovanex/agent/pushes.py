@@ -8,12 +8,13 @@ import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from kovanex.agent.context import NodeContext
 from kovanex.agent.dispatch import Dispatcher
 from kovanex.agent.hookserver import HookRequest
 from kovanex.agent.placement import Placer
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.scheduling import TaskScheduler
 from kovanex.gitstate.ledger import task_id_of
@@ -51,9 +52,12 @@ class PushHandler:
         placer: Placer,
         scheduler: TaskScheduler,
         dispatcher: Dispatcher,
-        replicas: Any,
+        replicas: ReplicaManager,
         owner_desc: Callable[[str], str],
         watch: Callable[[str], None],
+        *,
+        on_release: Callable[..., Awaitable[list[str]]] | None = None,
+        quorum: Callable[[], bool] | None = None,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
@@ -63,11 +67,11 @@ class PushHandler:
         self.replicas = replicas
         self.owner_desc = owner_desc
         self.watch = watch
-        # set by the daemon: a pushed release tag or promote/<version> ref starts a
-        # promotion, whose report streams back through `emit` (kovanex/agent/promotions.py)
-        self.on_release: Callable[..., Awaitable[list[str]]] | None = None
-        # set by the daemon: may this node place consistent work now (quorum, synced)?
-        self.quorum: Callable[[], bool] | None = None
+        # a pushed release tag or promote/<version> ref starts a promotion, whose report
+        # streams back through `emit` (kovanex/agent/promotions.py)
+        self.on_release = on_release
+        # may this node place consistent work now (quorum, synced)? None: not asked
+        self.quorum = quorum
         # pre-receive checks run here, off the loop; few threads, so ten pushes at once
         # queue behind each other instead of all contending with the loop for the GIL
         self._checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="push-check")

@@ -20,6 +20,7 @@ from kovanex.agent.context import NodeContext
 from kovanex.agent.deadline import PlacementDeadline
 from kovanex.agent.executor import TaskRun
 from kovanex.agent.remote import RemoteLedger
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scheduling import TaskLocks
 from kovanex.core import remoterun as core
@@ -44,7 +45,7 @@ class RemoteRuns:
         locks: TaskLocks,
         deadline: PlacementDeadline,
         gossip: GossipNode,
-        replicas: Any,
+        replicas: ReplicaManager,
     ) -> None:
         self.ctx = ctx
         self.runs = runs

@@ -4,6 +4,7 @@ globbing the repos dir showed up in profiles)."""
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +26,14 @@ class Roles(Protocol):
 
 
 class RepoIndex:
-    def __init__(self, layout: cfgmod.Layout, node: str) -> None:
+    def __init__(
+        self, layout: cfgmod.Layout, node: str, roles: Callable[[], Roles] | None = None
+    ) -> None:
         self.layout = layout
         self.node = node
-        self.roles: Roles | None = None  # set once replication runs; until then we own all
+        # the replica manager, which is built after us (it needs gossip, which needs the
+        # repos): asked at call time. None: no replication, we own all
+        self.roles = roles
         self._repos: list[str] | None = None
         self._ledgers: dict[str, TaskLedger] = {}
         # repo -> why it cannot be served (a damaged ownership record): the replica
@@ -82,9 +87,11 @@ class RepoIndex:
     def owned(self) -> list[str]:
         if self.roles is None:
             return self.all()
-        return [r for r in self.all() if self.roles.is_owner(r)]
+        roles = self.roles()
+        return [r for r in self.all() if roles.is_owner(r)]
 
     def replicas(self) -> list[str]:
         if self.roles is None:
             return []
-        return [r for r in self.all() if self.roles.is_replica(r)]
+        roles = self.roles()
+        return [r for r in self.all() if roles.is_replica(r)]

@@ -20,7 +20,13 @@ Key = tuple[str, str]
 
 
 class RunTable:
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        *,
+        on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None,
+        on_finished: Callable[[str, str], None] = lambda repo, task: None,
+    ) -> None:
         self.ctx = ctx
         cfg = ctx.cfg
         self.slots = RunnerSlots(cfg.runner_slots if cfg.role in ("full", "runner") else 0)
@@ -31,9 +37,9 @@ class RunTable:
         self.runs: dict[Key, TaskRun] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        # wired by the agent: where a run reports a tip it wrote, and that it ended
-        self.on_tip: Callable[[str, str, str], None] = lambda repo, task, tip: None
-        self.on_finished: Callable[[str, str], None] = lambda repo, task: None
+        # where a run reports a tip it wrote (the scheduler), and that it ended
+        self.on_tip = on_tip
+        self.on_finished = on_finished
 
     def _zygotes(self) -> tuple[Zygote | None, Zygote | None]:
         """The node's zygotes fork every unit operation (ADR 0081): one without pygit2 for

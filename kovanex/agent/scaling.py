@@ -49,6 +49,7 @@ class ScalingService:
         members: Callable[[], list[dict[str, Any]]],
         local_free: Callable[[], int],
         health: Callable[[], dict[str, Any]] = dict,
+        on_decision: Callable[[dict[str, Any]], None] = lambda d: None,
     ) -> None:
         self.ctx = ctx
         self.pending = pending
@@ -57,7 +58,7 @@ class ScalingService:
         self.health = health  # gossip topic "health": name -> {score, vector}
         self.state = autoscale.State()
         self._applying = False
-        self.on_decision: Callable[[dict[str, Any]], None] = lambda d: None  # events stream
+        self.on_decision = on_decision  # the cluster's event stream
 
     @property
     def policy(self) -> autoscale.Policy:

@@ -68,6 +68,14 @@ class TaskScheduler:
         placer: Placer,
         server_placement: ServerPlacement,
         locks: TaskLocks,
+        *,
+        watch_lease: Callable[[Key, taskcore.TaskView], None] = lambda key, view: None,
+        announce: Callable[[Assign], None] = lambda a: None,
+        kick: Callable[[str], None] = lambda repo: None,
+        can_place_remotely: Callable[[], bool] = lambda: False,
+        on_placed: Callable[[float], None] = lambda seconds: None,
+        lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None,
+        grant: Callable[[specmod.TaskSpec, str], dict[str, str] | None] = lambda spec, repo: {},
     ) -> None:
         self.ctx = ctx
         self.repos = repos
@@ -84,15 +92,14 @@ class TaskScheduler:
         # push options seen at pre-receive, keyed by (repo, task, new oid): the watchdog may
         # notice the ref move before post-receive arrives, and must still honour them.
         self.push_opts: dict[tuple[str, str, str], PushOptions] = {}
-        # wired by the agent
-        self.watch_lease: Callable[[Key, taskcore.TaskView], None] = lambda key, view: None
-        self.announce: Callable[[Assign], None] = lambda a: None
-        self.kick: Callable[[str], None] = lambda repo: None
-        self.can_place_remotely: Callable[[], bool] = lambda: False
-        self.on_placed: Callable[[float], None] = lambda seconds: None  # metrics
-        self.lease_over: Callable[[str, taskcore.TaskView], None] = lambda repo, view: None
+        self.watch_lease = watch_lease  # the placement deadline guards a handed-out lease
+        self.announce = announce  # gossip `assign` for a remote runner
+        self.kick = kick  # the dispatcher: a placement pass
+        self.can_place_remotely = can_place_remotely
+        self.on_placed = on_placed  # metrics
+        self.lease_over = lease_over  # retract the lease's `assign`
         # the quorum gate: None waits; else trailers the placement carries (the term)
-        self.grant: Callable[[Any, str], dict[str, str] | None] = lambda spec, repo: {}
+        self.grant = grant
 
     @property
     def pending(self) -> dict[Key, tuple[str, int]]:

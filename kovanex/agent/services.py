@@ -12,14 +12,14 @@ from typing import Protocol
 
 from kovanex.agent.cluster import Cluster
 from kovanex.agent.context import NodeContext
-from kovanex.agent.coordination import Coordination
+from kovanex.agent.coordination.backend import Coordination
 from kovanex.agent.dispatch import Dispatcher
 from kovanex.agent.halting import ConsistentWork
 from kovanex.agent.healthsvc import HealthService
 from kovanex.agent.hookserver import HookServer
 from kovanex.agent.placement import Placer
 from kovanex.agent.promotions import Promotions
-from kovanex.agent.replica import ReplicaManager
+from kovanex.agent.replication.manager import ReplicaManager
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
 from kovanex.agent.scaling import ScalingService

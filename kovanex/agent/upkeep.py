@@ -67,6 +67,9 @@ class UpkeepService:
         repos: RepoIndex,
         forget: Callable[[tuple[str, str]], None],
         state_file: Path,
+        *,
+        quiet: Callable[[str], None] = lambda repo: None,
+        loud: Callable[[str], None] = lambda repo: None,
     ) -> None:
         self.ctx = ctx
         self.repos = repos
@@ -76,10 +79,10 @@ class UpkeepService:
         every = cfgmod.parse_duration(ctx.cfg.maintenance_every)
         self.core = upkeep.Upkeep(self.archive_after, every, self._load())
         self.runs = 0  # jobs carried out (kovanex status, tests)
-        # wired: the ref watcher leaves a repo alone while a job rewrites its refs, then
-        # watches it again and the repo is read once (RefWatcher.pause)
-        self.quiet: Callable[[str], None] = lambda repo: None
-        self.loud: Callable[[str], None] = lambda repo: None
+        # the ref watcher leaves a repo alone while a job rewrites its refs, then watches
+        # it again and the repo is read once (RefWatcher.pause)
+        self.quiet = quiet
+        self.loud = loud
         self.rewriting: set[str] = set()  # repos whose refs a job is rewriting now
 
     def _load(self) -> dict[str, float]:

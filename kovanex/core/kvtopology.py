@@ -1,7 +1,7 @@
 """The shape of the NATS JetStream cluster under the leader lease: which servers route to
 which, when a lone server turns clustered, how many replicas the KV bucket keeps, and where
 its stream leader sits (ADR 0026, 0027, 0045, 0080; issue 25 part 5, ADR 0091).
-agent/coordination.py is the shell; core/leader.py decides the lease itself.
+agent/coordination/backend.py is the shell; core/leader.py decides the lease itself.
 
 Why these rules:
 - Routes go to every member running NATS that is alive, suspect or dead: a partitioned

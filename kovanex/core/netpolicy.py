@@ -123,6 +123,18 @@ def table_name(key: str) -> str:
     return f"kovanex-{safe}"
 
 
+def node_ports(nats: tuple[int, int] | None, hook: int, gossip: int, api: int) -> NodePorts:
+    """A node's listeners its units must not reach (ADR 0076): NATS client and route
+    ports when it runs NATS, the hook port and gossip's (TCP and UDP) once bound (0: not
+    yet). The API port is named apart: units reach it even under egress "none"."""
+    tcp = [("nats client", nats[0]), ("nats route", nats[1])] if nats is not None else []
+    if hook:
+        tcp.append(("hook", hook))
+    if gossip:
+        tcp.append(("gossip", gossip))
+    return NodePorts(tuple(tcp), (("gossip", gossip),) if gossip else (), api)
+
+
 def render(table: str, uids: list[int], ports: NodePorts, egress: Egress) -> str:
     """An `nft -f` script that replaces the node's table in one transaction: adding it
     empty first makes the delete succeed whether or not a crashed agent left one."""

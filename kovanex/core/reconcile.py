@@ -7,7 +7,7 @@ vanished from the branch. Instead the surviving owner writes ONE merge commit pe
 branch, first parent its own tip (so the ledger's first-parent fold stays its line), second
 parent the other side's tip (so both histories stay reachable), with a `Kovanex-Reconciled`
 trailer naming both sides and tips. This module decides that commit; the shell
-(`kovanex.agent.reconciler`) reads the inputs and writes it by compare-and-swap.
+(`kovanex.agent.replication.reconciler`) reads the inputs and writes it by compare-and-swap.
 
 The merged task state, from the two sides' folded views (precedence, first match wins):
 1. either side `succeeded`  -> succeeded (the work was done; running it again is waste);

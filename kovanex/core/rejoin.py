@@ -11,7 +11,7 @@ answered: a majority must include a node of the side that held the quorum, so th
 brings every takeover that side made.
 
 Pure: `step(gate, quorum, now)` says when to sync, `synced(...)` takes the answer,
-`ready(gate, quorum)` is the gate. The shell (agent/coordination.py) does the push-pull.
+`ready(gate, quorum)` is the gate. The shell (agent/coordination/backend.py) does the push-pull.
 """
 
 from __future__ import annotations

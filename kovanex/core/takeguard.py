@@ -1,5 +1,5 @@
 """The re-checks a takeover makes under the repo's lock, before it writes the ownership
-record (ADR 0016, 0036; issue 25 part 5, ADR 0091). agent/ownership.py is the shell.
+record (ADR 0016, 0036; issue 25 part 5, ADR 0091). agent/replication/ownership.py is the shell.
 
 Why re-check: the decision to take a repo over (the gossip takeover rule, core/takeover.py,
 or the leader's grant, core/grants.py) was made on a view taken before the lock. Between

@@ -3,7 +3,7 @@
 Why pure: these are the decisions a partition test or a whole-cluster simulator must be
 able to replay exactly, so they take everything as arguments — one node's view of the
 cluster (`NodeState`), one `Event`, and `now` — and return effects (dataclasses) for the
-shell (`kovanex.agent.ownership` and friends) to execute: write the ownership record, start
+shell (`kovanex.agent.replication.ownership` and friends) to execute: write the ownership record, start
 a fetch, publish, set a timer. No I/O, no clock, no randomness (ties break on names).
 
 The rules (ADR 0007, 0016):

@@ -105,6 +105,7 @@ class GitHttpServer:
         max_backends: int = 32,
         users: TokenBook | None = None,
         router: Router | None = None,
+        internal: Internal | None = None,
         clock: Clock = SYSTEM,
     ) -> None:
         if not token:
@@ -116,7 +117,7 @@ class GitHttpServer:
         self.api = api
         self.api_public = api_public
         self.router = router
-        self.internal: Internal | None = None
+        self.internal = internal
         self.git = git
         self.clock = clock
         # each request is one http-backend process: bound them so a burst queues, not forks

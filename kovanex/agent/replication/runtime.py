@@ -30,7 +30,14 @@ class Runtime:
     """Identity, per-repo locks, counted threads, spawned tasks, the error log."""
 
     def __init__(
-        self, *, node: str, repos_dir: Path, gossip: GossipNode, token: str, clock: Clock
+        self,
+        *,
+        node: str,
+        repos_dir: Path,
+        gossip: GossipNode,
+        token: str,
+        clock: Clock,
+        broken: dict[str, str] | None = None,
     ) -> None:
         self.node = node
         self.repos_dir = Path(repos_dir)
@@ -44,7 +51,7 @@ class Runtime:
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         # repo -> why its ownership record cannot be read: left alone until repaired
         # (shared with the RepoIndex, so nothing else of the agent touches it either)
-        self.broken: dict[str, str] = {}
+        self.broken: dict[str, str] = broken if broken is not None else {}
 
     def path(self, repo: str) -> Path:
         return self.repos_dir / f"{repo}.git"

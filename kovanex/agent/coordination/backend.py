@@ -1,7 +1,7 @@
 """Who leads the cluster, at which term, and may consistent work run here: the coordination
 backend behind one small interface (issue 12, ADR 0026).
 
-- `GossipCoordination` (gossipcoord.py): today's behaviour. AP only: no leader among
+- `GossipCoordination` (gossip.py): today's behaviour. AP only: no leader among
   several nodes (`status: "uncoordinated"`); a lone node is its own leader at term 1.
 - `NatsCoordination`: a supervised `nats-server` child (natsserver.py) forms a JetStream
   cluster with the other SERVER/FULL nodes; the leader lease is a KV key held by
@@ -20,13 +20,14 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kovanex import config as cfgmod
 from kovanex import natsauth
 from kovanex.agent.context import NodeContext
-from kovanex.agent.gossipcoord import GossipCoordination
-from kovanex.agent.natsserver import NatsServer
+from kovanex.agent.coordination.gossip import GossipCoordination
+from kovanex.agent.coordination.natsserver import NatsServer
 from kovanex.core import kvtopology, leaderstatus, rejoin
 from kovanex.core import leader as core
 from kovanex.core.decider import Driver
@@ -62,13 +63,17 @@ class NatsCoordination:
 
     backend = "nats"
 
-    def __init__(self, ctx: NodeContext, members: Members) -> None:
+    def __init__(
+        self, ctx: NodeContext, members: Members, callbacks: Callbacks | None = None
+    ) -> None:
+        cb = callbacks if callbacks is not None else Callbacks()
         self.ctx = ctx
         self.members = members
         c = ctx.cfg.coordination
         self.host = cfgmod.parse_addr(ctx.cfg.gossip_bind)[0]
-        # the gossip keyring's keys, primary first: client logins derive from them, so
-        # `kovanex keys` rotates NATS users too (the daemon wires the live keyring)
+        # the gossip keyring's keys, primary first: client logins derive from them. The
+        # server starts with the keys on disk; from then on the live keyring (if given)
+        # answers, so `kovanex keys` rotates NATS users too
         keys = natsauth.client_keys(ctx.layout, ctx.cfg)
         self.keys: Callable[[], list[bytes]] = lambda: keys
         self.server: NatsServer | None = None
@@ -76,6 +81,8 @@ class NatsCoordination:
             self.server = NatsServer(
                 ctx.name, self.host, c, ctx.layout.root, self._auth(), clock=ctx.clock
             )
+        if cb.keys is not None:
+            self.keys = cb.keys
         self.lease = Driver(
             core.decide, core.LeaderState(ctx.name, c.lease(), since=ctx.clock.monotonic())
         )
@@ -96,14 +103,13 @@ class NatsCoordination:
         self.wake = asyncio.Event()
         self.wake_at = 0.0
         self.tasks: list[asyncio.Task[Any]] = []
-        # wired by the agent
-        self.on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
-        self.on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
-        self.record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+        self.on_halt = cb.on_halt
+        self.on_resume = cb.on_resume
+        self.record = cb.record
         # the ready rule after a heal (core/rejoin.py): a state sync -> (replied, known)
         self.gate = rejoin.Gate()
-        self.sync: Callable[[], Awaitable[tuple[int, int]]] = _lone
-        self.on_ready: Callable[[], None] = lambda: None
+        self.sync = cb.sync
+        self.on_ready = cb.on_ready
 
     @property
     def state(self) -> core.LeaderState:
@@ -474,7 +480,20 @@ async def _lone() -> tuple[int, int]:
     return 0, 1  # not wired (a lone node): nothing to sync with
 
 
-def make(ctx: NodeContext, members: Members) -> Coordination:
+@dataclass(frozen=True)
+class Callbacks:
+    """What the NATS backend tells the agent, given at construction (ADR 0107). The
+    gossip backend holds no lease, so it calls none of them."""
+
+    keys: Callable[[], list[bytes]] | None = None  # the live gossip keyring's keys
+    on_halt: Callable[[str, str, str], None] = lambda repo, task, why: None
+    on_resume: Callable[[str, str, int], None] = lambda repo, task, term: None
+    record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    sync: Callable[[], Awaitable[tuple[int, int]]] = _lone  # the state sync after a heal
+    on_ready: Callable[[], None] = lambda: None  # synced: what waited may be placed
+
+
+def make(ctx: NodeContext, members: Members, callbacks: Callbacks | None = None) -> Coordination:
     if ctx.cfg.coordination.backend == "nats":
-        return NatsCoordination(ctx, members)
+        return NatsCoordination(ctx, members, callbacks)
     return GossipCoordination(ctx, members)

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from kovanex.agent.replica_runtime import Runtime
+from kovanex.agent.replication.runtime import Runtime
 from kovanex.gitstate import packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.packwire import held_objects, move_staging, refs_of
@@ -114,11 +114,11 @@ async def _marked(chunks: Chunks, progress: Progress | None) -> Chunks:
 class ReplicaWire:
     """Both ends of the endpoints above; the agent's HTTP listener calls `handle`."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, on_offered: Callable[[str], None] = lambda repo: None) -> None:
         self.rt = rt
         self.client = PeerClient(rt.token, clock=rt.clock)
-        # an offer landed (we own the repo): merge it now (ADR 0069); wired by the manager
-        self.on_offered: Callable[[str], None] = lambda repo: None
+        # an offer landed (we own the repo): merge it now (ADR 0069)
+        self.on_offered = on_offered
 
     # -- server ----------------------------------------------------------------------------
     def claims(self, path: str) -> bool:

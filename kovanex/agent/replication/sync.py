@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import sync_quorum_ok
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO, GitError

@@ -1,6 +1,6 @@
 """The gossip coordination backend (issue 12, ADR 0026): AP only, no leader among several
 nodes; a lone node is its own leader at term 1 (core/leaderstatus.py says so). The NATS
-backend and the `Coordination` interface are in coordination.py."""
+backend and the `Coordination` interface are in backend.py."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kovanex.agent.replica_fetch import ReplicaFetcher
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_place import ReplicaPlacer
-from kovanex.agent.replica_runtime import Peers, Runtime, parse_owner
+from kovanex.agent.replication.fetch import ReplicaFetcher
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.place import ReplicaPlacer
+from kovanex.agent.replication.runtime import Peers, Runtime, parse_owner
 from kovanex.core import takeguard
 from kovanex.core import takeover as decider
 from kovanex.core.decider import Driver
@@ -49,6 +49,8 @@ class OwnershipService:
         *,
         on_owned: Callable[[str], None],
         settle_s: float,
+        leader_decides: Callable[[str], bool] = lambda repo: False,
+        on_demoted: Callable[[str, str], None] = lambda repo, owner: None,
     ) -> None:
         self.rt = rt
         self.peers = peers
@@ -57,11 +59,11 @@ class OwnershipService:
         self.placer = placer
         self.on_owned = on_owned
         self.settle_s = settle_s
-        # wired with coordination on: the leader decides this repo (ADR 0036), so no
-        # replica takes it over by the gossip rule
-        self.leader_decides: Callable[[str], bool] = lambda repo: False
-        # wired: our runs of a repo we just lost go back to its new owner (RemoteRuns)
-        self.on_demoted: Callable[[str, str], None] = lambda repo, owner: None
+        # with coordination on: the leader decides this repo (ADR 0036), so no replica
+        # takes it over by the gossip rule
+        self.leader_decides = leader_decides
+        # our runs of a repo we just lost go back to its new owner (RemoteRuns)
+        self.on_demoted = on_demoted
         self.guard = Driver(takeguard.decide, takeguard.GuardState(rt.node))
 
     # -- publishing ----------------------------------------------------------------------

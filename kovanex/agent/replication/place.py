@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.agent.replication.runtime import Peers, Runtime
 from kovanex.core import takeover as decider
 from kovanex.gitstate.ownership import OwnershipConflict
 from kovanex.gitstate.store import StaleEpoch

@@ -6,16 +6,16 @@ it questions (`owner_of`, `is_owner`, `replicate_sync`), so the decisions stay i
 `kovanex.gitstate` (ADR 0007). `ReplicaManager` is only a facade over services that each own
 their state (composition, no mixins):
 
-- `Runtime`/`Peers` (replica_runtime): identity, repo locks, tasks, gossip reads;
-- `OwnershipService` (ownership): owner announcements, takeover, demotion, publishing;
-- `ReplicaFetcher` (replica_fetch): fetch into staging unlocked, verify + apply (ADR 0016);
-- `ReplicaLag` (replica_lag): ref announcements, history snapshots, acks, lag;
-- `SyncReplicator` (replica_sync): `sync` stages and nudges;
-- `ReplicaWire` (replica_wire): the fetch and stage endpoints, both ends (ADR 0039);
-- `ReplicaPlacer` (replica_place): keeping `wanted` replicas placed;
-- `Reconciler` (reconciler): diverged branches merged after a heal (ADR 0028).
+- `Runtime`/`Peers` (runtime.py): identity, repo locks, tasks, gossip reads;
+- `OwnershipService` (ownership.py): owner announcements, takeover, demotion, publishing;
+- `ReplicaFetcher` (fetch.py): fetch into staging unlocked, verify + apply (ADR 0016);
+- `ReplicaLag` (lag.py): ref announcements, history snapshots, acks, lag;
+- `SyncReplicator` (sync.py): `sync` stages and nudges;
+- `ReplicaWire` (wire.py): the fetch and stage endpoints, both ends (ADR 0039);
+- `ReplicaPlacer` (place.py): keeping `wanted` replicas placed;
+- `Reconciler` (reconciler.py): diverged branches merged after a heal (ADR 0028).
 
-Gossip topics: "owner" (ownership.py), "refs" and "acks" (replica_lag.py). Everything runs
+Gossip topics: "owner" (ownership.py), "refs" and "acks" (lag.py). Everything runs
 on the event loop; local git goes through counted threads, network git through
 `gitcli.run_async` (killable), and no repo lock is ever held across network I/O.
 """
@@ -27,14 +27,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from kovanex.agent.ownership import NotOwner, OwnershipService
-from kovanex.agent.reconciler import Reconciler
-from kovanex.agent.replica_fetch import ReplicaFetcher
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_place import ReplicaPlacer
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_sync import SyncReplicator
-from kovanex.agent.replica_wire import ReplicaWire
+from kovanex.agent.replication.fetch import ReplicaFetcher
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.ownership import NotOwner, OwnershipService
+from kovanex.agent.replication.place import ReplicaPlacer
+from kovanex.agent.replication.reconciler import Reconciler
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.sync import SyncReplicator
+from kovanex.agent.replication.wire import ReplicaWire
 from kovanex.clock import SYSTEM, Clock
 from kovanex.core.replication import META_REF, REPLICA_ROLES, Ownership
 from kovanex.core.takeover import SETTLE_S
@@ -60,6 +60,9 @@ class ReplicaManager:
         install_hooks: Callable[[Path], None],
         on_owned: Callable[[str], None],
         clock: Clock = SYSTEM,
+        broken: dict[str, str] | None = None,
+        leader_decides: Callable[[str], bool] = lambda repo: False,
+        on_demoted: Callable[[str, str], None] = lambda repo, owner: None,
         anti_entropy_s: float = ANTI_ENTROPY_S,
         placement_s: float = PLACEMENT_S,
         takeover_settle_s: float = TAKEOVER_SETTLE_S,
@@ -67,11 +70,27 @@ class ReplicaManager:
         clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
     ) -> None:
         self.rt = Runtime(
-            node=node_name, repos_dir=repos_dir, gossip=gossip, token=token, clock=clock
+            node=node_name,
+            repos_dir=repos_dir,
+            gossip=gossip,
+            token=token,
+            clock=clock,
+            broken=broken,  # the RepoIndex's: one record of the broken repos
         )
         self.peers = Peers(self.rt, http_url)
         self.lag = ReplicaLag(self.rt, self.peers)
-        self.wire = ReplicaWire(self.rt)  # the listener serves it: see `http.internal`
+        # wire <-> reconciler is a cycle (an offer lands, the reconciler merges it, using
+        # the wire): the wire asks for the reconciler at call time (ADR 0107)
+        self.wire = ReplicaWire(  # the agent's HTTP listener serves it (`internal`)
+            self.rt, on_offered=lambda repo: self.rt.spawn(self.reconciler.merge_staged(repo))
+        )
+        self.reconciler = Reconciler(
+            self.rt,
+            self.peers,
+            nudge=self._nudge_owner,
+            merged=self.lag.refs_changed,
+            wire=self.wire,
+        )
         self.fetcher = ReplicaFetcher(
             self.rt,
             self.peers,
@@ -80,6 +99,7 @@ class ReplicaManager:
             fetch_timeout_s=fetch_timeout_s,
             clone_timeout_s=clone_timeout_s,
             wire=self.wire,
+            on_resynced=lambda repo: self.rt.spawn(self.reconciler.offer(repo)),
         )
         self.sync = SyncReplicator(self.rt, self.peers, self.wire, self.lag.tips)
         self.placer = ReplicaPlacer(self.rt, self.peers, self._placed, takeover_settle_s)
@@ -91,16 +111,9 @@ class ReplicaManager:
             self.placer,
             on_owned=on_owned,
             settle_s=takeover_settle_s,
+            leader_decides=leader_decides,
+            on_demoted=on_demoted,
         )
-        self.reconciler = Reconciler(
-            self.rt,
-            self.peers,
-            nudge=self._nudge_owner,
-            merged=self.lag.refs_changed,
-            wire=self.wire,
-        )
-        self.fetcher.on_resynced = lambda repo: self.rt.spawn(self.reconciler.offer(repo))
-        self.wire.on_offered = lambda repo: self.rt.spawn(self.reconciler.merge_staged(repo))
         self.anti_entropy_s = anti_entropy_s
         self.placement_s = placement_s
         self._unsub: list[Callable[[], None]] = []
@@ -246,7 +259,7 @@ class ReplicaManager:
 
     def status(self, repo: str) -> dict[str, Any]:
         """{owner, owner_epoch, level, wanted, replicas: {name: {refs_behind, seconds_behind,
-        exact}}}; lag is exact on the owner (see replica_lag), `None` where unknown."""
+        exact}}}; lag is exact on the owner (see lag.py), `None` where unknown."""
         o = self.rt.known.get(repo)
         if o is None:
             return {}

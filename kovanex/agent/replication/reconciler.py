@@ -23,8 +23,8 @@ import collections
 import logging
 from collections.abc import Callable
 
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import ReplicaWire, Unsupported, WireError
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.wire import ReplicaWire, Unsupported, WireError
 from kovanex.gitstate import gitcli, packwire
 from kovanex.gitstate.gitcli import GitError
 from kovanex.gitstate.ledger import TaskLedger

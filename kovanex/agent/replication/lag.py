@@ -17,7 +17,7 @@ import collections
 import hashlib
 from typing import Any
 
-from kovanex.agent.replica_runtime import Peers, Runtime
+from kovanex.agent.replication.runtime import Peers, Runtime
 from kovanex.core.replication import Ownership, lag
 from kovanex.gitstate import gitcli
 from kovanex.gitstate.gitcli import ZERO

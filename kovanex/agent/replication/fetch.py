@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from kovanex.agent.replica_lag import ReplicaLag
-from kovanex.agent.replica_runtime import Peers, Runtime
-from kovanex.agent.replica_wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
+from kovanex.agent.replication.lag import ReplicaLag
+from kovanex.agent.replication.runtime import Peers, Runtime
+from kovanex.agent.replication.wire import SMART_ONLY_S, ReplicaWire, Unsupported, WireError
 from kovanex.core.replication import Ownership, RefAnnouncement, on_announcement
 from kovanex.gitstate import gitcli, mirror, packwire
 from kovanex.gitstate.gitcli import GitError
@@ -55,6 +55,7 @@ class ReplicaFetcher:
         clone_timeout_s: float = gitcli.REPLICA_CLONE_TIMEOUT_S,
         wire: ReplicaWire | None = None,
         transfer_cap_s: float = gitcli.TRANSFER_CAP_S,
+        on_resynced: Callable[[str], None] = lambda repo: None,
     ) -> None:
         self.rt = rt
         self.peers = peers
@@ -73,7 +74,7 @@ class ReplicaFetcher:
         self._resync_from: dict[str, int] = {}  # repo -> epoch of the upstream we left
         self._fresh: set[str] = set()  # copies created and not yet filled
         # after a resync from a new upstream (lost/ may have grown): offer it (ADR 0028)
-        self.on_resynced: Callable[[str], None] = lambda repo: None
+        self.on_resynced = on_resynced
 
     # -- control -------------------------------------------------------------------------
     def want(self, repo: str, *, restart: bool = False) -> None:
