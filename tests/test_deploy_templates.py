@@ -7,6 +7,7 @@ from __future__ import annotations
 import configparser
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_systemd_unit_runs_the_agent_with_json_logs(tmp_path: Path) -> None:
     assert ini["Install"]["WantedBy"] == "multi-user.target"
     if shutil.which("systemd-analyze") is None:
         pytest.skip("no systemd-analyze on this host")
-    kx = shutil.which("kovanex") or str(Path(__file__).parent.parent / ".venv/bin/kovanex")
+    # the venv running the tests has the console script (a git worktree has no .venv)
+    kx = shutil.which("kovanex") or str(Path(sys.executable).parent / "kovanex")
     local = tmp_path / "kovanex-agent.service"
     local.write_text(unit.replace("/usr/local/bin/kovanex", kx))
     p = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True)

@@ -405,6 +405,56 @@ def test_unit_lifecycle_from_the_browser(drv: Any, cluster: dict[str, Any], shot
     api.close()
 
 
+EDGES_OF = """return Array.from(document.querySelectorAll(
+  '#cluster-graph g.edge[data-src="' + arguments[0] + '"][data-dst="' + arguments[1] + '"]'
+)).map(g => {
+  const b = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const label = g.querySelector('text.edge-label'), r = label.getBoundingClientRect();
+  // what the browser shows at the label's middle: the label itself, not a box drawn over it
+  const top = document.elementFromPoint((r.left + r.right) / 2, (r.top + r.bottom) / 2);
+  return {kind: g.classList.contains('edge-env') ? 'env' : 'replication',
+          line: b(g.querySelector('line, path')), label: b(label), text: label.textContent,
+          seen: top === label};
+});"""
+
+
+def apart(a: list[float], b: list[float], gap: float) -> bool:
+    """Two screen rectangles [left, top, right, bottom] at least `gap` px apart on an axis."""
+    return a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
+
+
+def test_env_and_replication_edges_of_one_pair_are_drawn_apart(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    """Issue 27 item 21 on real gossip: wu1 (dev) owns a repo replicated to wu2 (staging)
+    and wu3, so the env edge and a replication edge join the same two nodes. Chromium lays
+    them out apart, each with its own label, which no node box covers; the replication to
+    wu3, past wu2 in the same row, is drawn around it, not hidden under it."""
+    wu1 = cluster["nodes"][0]
+    wu1.kx("repo", "create", "mirrored")
+    wu1.kx("repo", "replication", "mirrored", "async", "--replicas", "2")
+    drv.get(cluster["base"] + "/ui/")
+
+    def edges() -> list[dict[str, Any]]:
+        near = drv.execute_script(EDGES_OF, "wu1", "wu2")
+        far = drv.execute_script(EDGES_OF, "wu1", "wu3")
+        ok = {e["kind"] for e in near} == {"env", "replication"} and len(far) == 1
+        return near + far if ok else []
+
+    near_far = fresh(edges, "wu1's edges to wu2 (env, replica) and wu3 (replica), live", 120)
+    env, rep, far = near_far
+    if env["kind"] != "env":
+        env, rep = rep, env
+    assert env["text"] == "promote" and rep["text"] == "replica: mirrored", near_far
+    assert far["kind"] == "replication" and far["text"] == "replica: mirrored", far
+    assert apart(env["line"], rep["line"], 8), near_far  # two lanes, not one line twice
+    assert apart(env["label"], rep["label"], 1), near_far  # two labels, each readable
+    for e in near_far:
+        assert e["seen"], f"a node box covers the label of {e}"
+        assert e["label"][2] - e["label"][0] > 10, e  # rendered, not an empty box
+    drv.save_screenshot(str(shots / "cluster-edges.png"))
+
+
 def test_kill_a_node_and_see_it_turn_suspect_then_dead(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
