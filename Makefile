@@ -27,7 +27,7 @@ browser:
 	  echo "could not install chromium: the browser tests will skip"; \
 	else echo "no chromium and not root with apt: the browser tests will skip"; fi
 
-# `promtool check metrics` (tests/test_metrics_promtool.py) comes from Debian's
+# `promtool check metrics` (tests/test_metrics_events.py) comes from Debian's
 # prometheus package; installed the same way, and its test skips when it is missing.
 promtool:
 	@if command -v promtool >/dev/null; then :; \

@@ -100,6 +100,7 @@ def test_replication_none_needs_no_replicas_flag(n1: Node) -> None:
     n1.kx("repo", "create", "norep")
     out = n1.kx("repo", "replication", "norep", "none").stdout
     assert out.startswith("norep: none replication, 0 replica(s) wanted"), out
+    assert "replicas: none kept)" in out, out  # not "none yet": none will come
     st = json.loads(n1.kx("repo", "status", "norep", "--format", "json").stdout)
     assert st["level"] == "none" and st["wanted"] == 0
     out = n1.kx("repo", "replication", "norep", "async").stdout  # async still wants one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import configparser
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_systemd_unit_runs_the_agent_with_json_logs(tmp_path: Path) -> None:
     assert ini["Install"]["WantedBy"] == "multi-user.target"
     if shutil.which("systemd-analyze") is None:
         pytest.skip("no systemd-analyze on this host")
-    kx = shutil.which("kovanex") or str(Path(__file__).parent.parent / ".venv/bin/kovanex")
+    # the venv running the tests has the console script (a git worktree has no .venv)
+    kx = shutil.which("kovanex") or str(Path(sys.executable).parent / "kovanex")
     local = tmp_path / "kovanex-agent.service"
     local.write_text(unit.replace("/usr/local/bin/kovanex", kx))
     p = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True)
@@ -42,7 +44,9 @@ def test_systemd_unit_runs_the_agent_with_json_logs(tmp_path: Path) -> None:
 
 def test_grafana_dashboard_queries_only_metrics_a_real_agent_serves(tmp_path: Path) -> None:
     """Every kovanex_* name in the shipped dashboard's queries is in a live agent's /metrics
-    (a sample, or a declared family such as the replication lag a lone node has no rows of)."""
+    (a sample, or a declared family such as the replication lag a lone node has no rows of),
+    every label a query groups by is on the samples it groups, and Prometheus's own parser
+    (`promtool check rules`, each query as a recording rule) accepts every query."""
     import json
     import re
     import urllib.request
@@ -68,8 +72,24 @@ def test_grafana_dashboard_queries_only_metrics_a_real_agent_serves(tmp_path: Pa
             text = r.read().decode()
     finally:
         node.stop()
-    served = set()
+    served: set[str] = set()
+    labels: dict[str, set[str]] = {}
     for fam in text_string_to_metric_families(text):
         served.add(fam.name)
-        served.update(s.name for s in fam.samples)
+        for s in fam.samples:
+            served.add(s.name)
+            labels.setdefault(s.name, set()).update(s.labels)
     assert sorted(queried - served) == []
+    for e in exprs:
+        sampled = [n for n in re.findall(r"\bkovanex_[a-z0-9_]+", e) if n in labels]
+        for group in re.findall(r"\bby \(([^)]*)\)", e):
+            for label in (x.strip() for x in group.split(",")):
+                assert not sampled or any(label in labels[n] for n in sampled), (e, label)
+    if shutil.which("promtool") is None:
+        pytest.skip("no promtool (Debian's prometheus package; `make promtool` installs it)")
+    rules = [{"record": f"kovanex:panel_query_{i}", "expr": e.replace("$__rate_interval", "5m")}
+             for i, e in enumerate(exprs)]  # fmt: skip
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))  # YAML
+    p = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -382,6 +382,39 @@ def test_an_env_edge_and_a_replication_edge_between_two_nodes_are_drawn_apart() 
     assert lone.count('class="edge-label"') == 1 and ">promote</text>" in lone
 
 
+def test_an_edge_past_a_box_bends_around_it_and_labels_fit_between_boxes() -> None:
+    """Issue 27 item 21: in one row prod | staging | dev, dev's replica on prod ran straight
+    under staging's box (unseen), and a label wider than the gap ran under the boxes."""
+    from kovanex.ui.svg import GAP_X, LABEL_CHAR_W, NODE_H, NODE_W, fit_label
+
+    members = [
+        {"name": "a", "labels": {"env": "dev"}, "repos_owned": ["shop"]},
+        {"name": "b", "labels": {"env": "staging"}, "repos_replica": ["shop"]},
+        {"name": "c", "labels": {"env": "prod"}, "repos_replica": ["shop"]},
+    ]
+    svg = cluster_svg(members, "a")
+    boxes = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r'data-node="(\w)"[^>]*>\s*<rect x="(\d+)" y="(\d+)"', svg)}  # fmt: skip
+    far = re.search(r'<g class="edge edge-replication" data-src="a" data-dst="c">(.*?)</g>', svg)
+    assert far, svg
+    m = re.search(r'<path d="M(-?\d+),(-?\d+) Q(-?\d+),(-?\d+) (-?\d+),(-?\d+)"', far.group(1))
+    assert m, far.group(1)  # a curve, not a line through b
+    x0, y0, cx, cy, x1, y1 = (int(v) for v in m.groups())
+    bx, by = boxes["b"]
+    for i in range(1, 50):
+        t = i / 50
+        x = (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t**2 * x1
+        y = (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t**2 * y1
+        assert not (bx <= x <= bx + NODE_W and by <= y <= by + NODE_H), (x, y, boxes)
+    height = int(re.search(r'height="(\d+)"', svg).group(1))
+    assert max(y0, cy // 2 + (y0 + y1) // 4, y1) < height  # the bend is inside the picture
+    # a label wider than the gap between two boxes is cut to it, whole in the <title>
+    long = "replica: " + ", ".join(f"repo-{i}" for i in range(20))
+    cut = fit_label(long, (0.0, 0.0), (float(GAP_X), 0.0))
+    assert cut.endswith("…") and len(cut) * LABEL_CHAR_W <= GAP_X
+    assert fit_label("replica: shop", (0.0, 0.0), (float(GAP_X), 0.0)) == "replica: shop"
+
+
 def test_task_buttons_match_the_task_state(agent: dict[str, Any], tmp_path: Path) -> None:
     """Issue 27 item 21: Cancel only on a live task, Retry only on a failed or cancelled one,
     neither on one that succeeded; and they follow the state in the live block."""

@@ -144,8 +144,10 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
     drv.get(cluster["base"] + "/ui/")
-    src = drv.page_source
-    assert '<script src="/ui/static/htmx.min.js' in src
+    # read until the document is there: once (1 run in 4, on a loaded host) the source
+    # read right after get() was '' although the page then rendered
+    wait_for(lambda: '<script src="/ui/static/htmx.min.js' in drv.page_source, 10,
+             "the cluster page's source with htmx")  # fmt: skip
     wait_for(lambda: drv.execute_script("return typeof htmx") == "object", 10, "htmx loaded")
     nodes = node_status(drv)
     assert set(nodes) == set(NAMES)
@@ -403,6 +405,60 @@ def test_unit_lifecycle_from_the_browser(drv: Any, cluster: dict[str, Any], shot
     assert not_reloaded(drv)
     drv.save_screenshot(str(shots / "units.png"))
     api.close()
+
+
+EDGES_OF = """return Array.from(document.querySelectorAll(
+  '#cluster-graph g.edge[data-src="' + arguments[0] + '"][data-dst="' + arguments[1] + '"]'
+)).map(g => {
+  const b = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const label = g.querySelector('text.edge-label'), r = label.getBoundingClientRect();
+  // what the browser shows at the label's middle: the label itself, not a box drawn over it
+  const top = document.elementFromPoint((r.left + r.right) / 2, (r.top + r.bottom) / 2);
+  return {kind: g.classList.contains('edge-env') ? 'env' : 'replication',
+          line: b(g.querySelector('line, path')), label: b(label), text: label.textContent,
+          whole: g.querySelector('title').textContent.split(': ').slice(1).join(': '),
+          seen: top === label};
+});"""
+
+
+def apart(a: list[float], b: list[float], gap: float) -> bool:
+    """Two screen rectangles [left, top, right, bottom] at least `gap` px apart on an axis."""
+    return a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
+
+
+def test_env_and_replication_edges_of_one_pair_are_drawn_apart(
+    drv: Any, cluster: dict[str, Any], shots: Path
+) -> None:
+    """Issue 27 item 21 on real gossip: wu1 (dev) owns a repo replicated to wu2 (staging)
+    and wu3, so the env edge and a replication edge join the same two nodes. Chromium lays
+    them out apart, each with its own label, which no node box covers; the replication to
+    wu3, past wu2 in the same row, is drawn around it, not hidden under it."""
+    wu1 = cluster["nodes"][0]
+    wu1.kx("repo", "create", "mirrored")
+    wu1.kx("repo", "replication", "mirrored", "async", "--replicas", "2")
+    drv.get(cluster["base"] + "/ui/")
+
+    def edges() -> list[dict[str, Any]]:
+        near = drv.execute_script(EDGES_OF, "wu1", "wu2")
+        far = drv.execute_script(EDGES_OF, "wu1", "wu3")
+        kinds = sorted(e["kind"] for e in near + far)
+        mirrored = all("mirrored" in e["whole"] for e in near + far if e["kind"] != "env")
+        ok = kinds == ["env", "replication", "replication"] and len(far) == 1 and mirrored
+        return sorted(near, key=lambda e: e["kind"]) + far if ok else []
+
+    got = fresh(edges, "wu1's edges to wu2 (env, replica) and wu3 (replica), live", 120)
+    env, rep, far = got
+    assert env["kind"] == "env" and env["text"] == "promote", got
+    for e in (rep, far):  # earlier tests' repos replicate too: the label may be cut to fit
+        whole, shown = e["whole"], e["text"]
+        assert whole.startswith("replica: ") and "mirrored" in whole, e
+        assert shown == whole or (shown.endswith("…") and whole.startswith(shown[:-1])), e
+    assert apart(env["line"], rep["line"], 8), got  # two lanes, not one line twice
+    assert apart(env["label"], rep["label"], 1), got  # two labels, each readable
+    for e in got:
+        assert e["seen"], f"a node box covers the label of {e}"
+        assert e["label"][2] - e["label"][0] > 10, e  # rendered, not an empty box
+    drv.save_screenshot(str(shots / "cluster-edges.png"))
 
 
 def test_kill_a_node_and_see_it_turn_suspect_then_dead(

@@ -234,21 +234,21 @@ class ApiRouter:
 
     def _events(self, req: HttpRequest) -> HttpResponse:
         who = self._auth(req, cookie=True)
-        q = parse_qs(req.query)
-        topics = [t for t in ",".join(q.get("topic", [])).split(",") if t]
+        q = parse_qs(req.query, keep_blank_values=True)
+        # as the document says: known topics, comma-separated (`topic=` or `a,,b` is a 400)
+        topics = [t for v in q.get("topic", []) for t in v.split(",")]
         bad = [t for t in topics if t not in TOPICS]
         if bad:
             raise ApiError(
                 400, f"unknown topic {bad[0]!r}; topics: {', '.join(TOPICS)}", "query.topic"
             )
         since, gap = self.hub.index, None
-        raw = (q.get("index") or [""])[0]
-        if raw:
+        if "index" in q:  # `?index=` too: an empty integer is a 400, as the document says
+            raw = q["index"][0]
             ascii_int(raw, "query.index")  # ASCII digits only, else a 400 naming it
-            try:
-                since, gap = self.hub.resume(raw)
-            except ValueError:
-                raise ApiError(400, "index must be a non-negative integer", "query.index") from None
+            if len(raw) > 18:
+                raise ApiError(400, "query.index has at most 18 digits", "query.index")
+            since, gap = self.hub.resume(raw)
         if req.headers.get("last-event-id"):  # an EventSource's reconnect: `<boot>-<index>`
             try:
                 since, gap = self.hub.resume(req.headers["last-event-id"])

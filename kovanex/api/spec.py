@@ -75,6 +75,26 @@ GOSSIP_KEY = {"type": "string", "pattern": r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048
 # this table and must not pull in the ledger)
 EVENT_TOPICS = ("task", "member", "cluster", "promotion", "scale")
 
+# ?topic= of /v1/events: known topics, comma-separated (the router refuses anything else)
+_TOPIC = "(" + "|".join(EVENT_TOPICS) + ")"
+TOPIC_LIST = {"type": "string", "pattern": f"^{_TOPIC}(,{_TOPIC})*$"}
+# a stream's ?index= is an event index (at most 18 digits, as in an event id)
+EVENT_INDEX = {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
+# one server-sent event as a client parses it (kovanex/api/events.py EventHub.sse)
+SSE_EVENT = obj(
+    {
+        "event": {"enum": [*EVENT_TOPICS, "gap"]},
+        "id": {"type": "string", "pattern": r"^[0-9a-f]{8}-[0-9]{1,18}$"},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": obj({"index": I0, "time": NUM}, ("index", "time")),
+        },
+        "retry": I0,
+    },
+    ("event", "id", "data"),
+)
+
 SCHEMAS: dict[str, Any] = {
     "Error": obj(
         {"code": S, "message": S, "field": NULLABLE_S}, ("code", "message", "field"), extra=False
@@ -463,27 +483,29 @@ def build() -> dict[str, Any]:
             "summary": "Server-sent events: every topic unless ?topic= names some",
             "description": "Each event's `id` is `<boot>-<index>`. A reconnect sends it "
             "back as Last-Event-ID (or ?index= of this boot) and resumes after it; an id of "
-            "another boot, or older than the buffer, first gets a `gap` event (README).",
+            "another boot, or older than the buffer, first gets a `gap` event (README). "
+            "The 200's schema is one event (Open API 3.1 reads an event stream's schema "
+            "so): its type, id and JSON data.",
             "parameters": [
-                {
-                    "name": "topic",
-                    "in": "query",
-                    "required": False,
-                    "schema": {"type": "string", "pattern": r"^[a-z,]{1,60}$"},
-                },
-                {"name": "index", "in": "query", "required": False, "schema": I0},
+                {"name": "topic", "in": "query", "required": False, "schema": TOPIC_LIST},
+                {"name": "index", "in": "query", "required": False, "schema": EVENT_INDEX},
                 {
                     "name": "Last-Event-ID",
                     "in": "header",
                     "required": False,
-                    "schema": {"type": "string", "pattern": r"^([0-9a-f]{8}-)?[0-9]{1,18}$"},
+                    # empty: no id yet (an EventSource sends none then; the stream starts now)
+                    "schema": {"type": "string", "pattern": r"^(([0-9a-f]{8}-)?[0-9]{1,18})?$"},
                 },
             ],
             "responses": {
                 "200": {
                     "description": "an event stream",
-                    "content": {"text/event-stream": {"schema": S}},
-                }
+                    "content": {"text/event-stream": {"schema": SSE_EVENT}},
+                },
+                "default": {
+                    "description": "error",
+                    "content": {"application/json": {"schema": ref("Error")}},
+                },
             },
         }
     }

@@ -136,7 +136,8 @@ def cmd_replication(args: argparse.Namespace, layout: cfgmod.Layout) -> int:
         replicas = 0 if args.level == "none" else 1
     res = api_call(layout, "SetReplicationLevel", {"level": args.level, "replicas": replicas},
                    addr=args.addr, repo=args.name)  # fmt: skip
-    reps = ", ".join(res["replicas"]) or "none yet"
+    # `none` keeps no replicas: "none yet" would promise some
+    reps = ", ".join(res["replicas"]) or ("none kept" if res["level"] == "none" else "none yet")
     print(
         f"{args.name}: {res['level']} replication, {res['replicas_wanted']} replica(s) wanted "
         f"(owner {res['owner']}, ownership epoch {res['epoch']}; replicas: {reps})"

@@ -13,8 +13,11 @@ from typing import Any
 
 from kovanex.core.graph import ClusterGraph
 
-NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 220, 132, 60, 40, 16
+# GAP_X leaves room between two boxes of a row for an edge label ("replica: <repo>");
+# with 60 px a label ran under the boxes, which are drawn over the edges
+NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 220, 132, 130, 40, 16
 EDGE_GAP, LABEL_GAP = 16, 7  # between two edges of one pair; from an edge to its label
+LABEL_CHAR_W = 6.5  # a generous mean width of an 11 px sans-serif character
 STATUS_STROKE = {"alive": "#1b5e20", "suspect": "#e65100", "dead": "#212121"}
 
 
@@ -62,6 +65,73 @@ def _normal(a: tuple[float, float], b: tuple[float, float], forward: bool) -> tu
     return -dy / n, dx / n
 
 
+def fit_label(label: str, a: tuple[float, float], b: tuple[float, float]) -> str:
+    """The label cut (with an ellipsis) to the stretch of its edge between the two boxes,
+    so no box hides part of it; the whole label is the edge's <title>."""
+    room = int(max(math.hypot(b[0] - a[0], b[1] - a[1]) - 8, 0) / LABEL_CHAR_W)
+    if len(label) <= room:
+        return label
+    return label[: max(room - 1, 1)] + "…"
+
+
+def _crosses(a: tuple[float, float], b: tuple[float, float], box: tuple[float, float]) -> bool:
+    """Whether the segment a-b passes through the box (sampled: boxes are large)."""
+    for i in range(1, 64):
+        t = i / 64
+        x, y = a[0] + (b[0] - a[0]) * t, a[1] + (b[1] - a[1]) * t
+        if box[0] - 4 <= x <= box[0] + NODE_W + 4 and box[1] - 4 <= y <= box[1] + NODE_H + 4:
+            return True
+    return False
+
+
+def _centre(box: tuple[float, float]) -> tuple[float, float]:
+    return box[0] + NODE_W / 2, box[1] + NODE_H / 2
+
+
+def _detour(e: Any, pos: Mapping[str, tuple[float, float]]) -> bool:
+    """A straight edge would run under another node's box (wu1 -> wu3 past wu2 in one
+    row): it is drawn as a curve below them instead, or it would not be seen at all."""
+    a, b = _centre(pos[e.src]), _centre(pos[e.dst])
+    return any(_crosses(a, b, box) for n, box in pos.items() if n not in (e.src, e.dst))
+
+
+def _edge(e: Any, pos: Mapping[str, tuple[float, float]], lane: float) -> str:
+    """One edge: a straight line in its lane, or a curve around the boxes in between, with
+    its label beside it (cut to fit) and the whole label as its <title>."""
+    dash = "" if e.kind == "env" else ' stroke-dasharray="5 4"'
+    label = "promote" if e.kind == "env" else "replica: " + ", ".join(e.repos)
+    if _detour(e, pos):
+        ca, cb = _centre(pos[e.src]), _centre(pos[e.dst])
+        nx, ny = _normal(ca, cb, e.src < e.dst)
+        if ny < 0 or (ny == 0 and nx < 0):
+            nx, ny = -nx, -ny  # always bend downward, into the gap under the row
+        bend = NODE_H / 2 + GAP_Y / 2 + abs(lane)  # the apex clears the boxes' bottoms
+        mx, my = (ca[0] + cb[0]) / 2, (ca[1] + cb[1]) / 2
+        cx, cy = mx + nx * 2 * bend, my + ny * 2 * bend  # a quadratic's apex is half-way
+        toward = (cx - NODE_W / 2, cy - NODE_H / 2)
+        a, b = _clip(pos[e.src], toward), _clip(pos[e.dst], toward)
+        shape = (f'<path d="M{a[0]:.0f},{a[1]:.0f} Q{cx:.0f},{cy:.0f} {b[0]:.0f},{b[1]:.0f}" '
+                 f'fill="none"')  # fmt: skip
+        lx, ly = mx + nx * (bend + LABEL_GAP + 4), my + ny * (bend + LABEL_GAP + 4)
+        text = fit_label(label, a, b)
+    else:
+        a, b = _clip(pos[e.src], pos[e.dst]), _clip(pos[e.dst], pos[e.src])
+        nx, ny = _normal(a, b, e.src < e.dst)
+        x1, y1, x2, y2 = a[0] + nx * lane, a[1] + ny * lane, b[0] + nx * lane, b[1] + ny * lane
+        shape = f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}"'
+        off = lane + (LABEL_GAP if lane >= 0 else -LABEL_GAP)  # beside its own line, outward
+        lx, ly = (a[0] + b[0]) / 2 + nx * off, (a[1] + b[1]) / 2 + ny * off
+        text = fit_label(label, a, b)
+    return (
+        f'<g class="edge edge-{e.kind}" data-src="{escape(e.src)}" data-dst="{escape(e.dst)}">'
+        f'{shape} stroke="#555" stroke-width="2"{dash} marker-end="url(#arr)"/>'
+        f'<text x="{lx:.0f}" y="{ly:.0f}" font-size="11" class="edge-label" '
+        f'text-anchor="middle">{escape(text)}</text>'
+        f"<title>{escape(e.kind)} {escape(e.src)} → {escape(e.dst)}: {escape(label)}</title>"
+        "</g>"
+    )
+
+
 def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 4) -> str:
     """One box per node (fill = health, border = gossip state), env and replication edges.
 
@@ -78,6 +148,8 @@ def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 
     rows = max(1, math.ceil(len(order) / per_row))
     width = PAD * 2 + cols * NODE_W + (cols - 1) * GAP_X
     height = PAD * 2 + rows * NODE_H + (rows - 1) * GAP_Y
+    if any(_detour(e, pos) for e in g.edges):
+        height += GAP_Y  # room under the last row for an edge bent around a box
     by_name = {str(m["name"]): m for m in members}
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="cluster-graph" role="img" '
@@ -88,23 +160,7 @@ def cluster_svg(members: Sequence[Mapping[str, Any]], here: str, per_row: int = 
     ]
     lanes = _lanes(g.edges)
     for e in g.edges:
-        a, b = _clip(pos[e.src], pos[e.dst]), _clip(pos[e.dst], pos[e.src])
-        nx, ny = _normal(a, b, e.src < e.dst)
-        lane = lanes[id(e)]
-        x1, y1, x2, y2 = a[0] + nx * lane, a[1] + ny * lane, b[0] + nx * lane, b[1] + ny * lane
-        off = lane + (LABEL_GAP if lane >= 0 else -LABEL_GAP)  # beside its own line, outward
-        lx, ly = (a[0] + b[0]) / 2 + nx * off, (a[1] + b[1]) / 2 + ny * off
-        dash = "" if e.kind == "env" else ' stroke-dasharray="5 4"'
-        label = "promote" if e.kind == "env" else "replica: " + ", ".join(e.repos)
-        out.append(
-            f'<g class="edge edge-{e.kind}" data-src="{escape(e.src)}" '
-            f'data-dst="{escape(e.dst)}"><line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" '
-            f'y2="{y2:.0f}" stroke="#555" stroke-width="2"{dash} marker-end="url(#arr)"/>'
-            f'<text x="{lx:.0f}" y="{ly:.0f}" font-size="11" class="edge-label" '
-            f'text-anchor="middle">{escape(label)}</text>'
-            f"<title>{escape(e.kind)} {escape(e.src)} → {escape(e.dst)}: {escape(label)}</title>"
-            "</g>"
-        )
+        out.append(_edge(e, pos, lanes[id(e)]))
     for v in order:
         x, y = pos[v.name]
         m = by_name.get(v.name, {})
