@@ -24,6 +24,7 @@ from kovanex.core.gossip_profiles import profile
 from kovanex.core.scoring import NodeInfo
 from kovanex.net.gossip import GossipNode, MemberInfo
 from kovanex.net.keyring import Keyring
+from kovanex.net.transport import Transport
 
 log = logging.getLogger("kovanex.cluster")
 MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
@@ -54,6 +55,7 @@ class Cluster:
         local: LocalNode,
         http_url: Callable[[], str],
         on_member_event: Callable[[str, Any], None],
+        transport: Transport | None = None,
     ) -> None:
         self.ctx = ctx
         self.local = local
@@ -76,6 +78,7 @@ class Cluster:
             self.keyring,
             self.meta(),
             label=cfg.gossip_label,
+            transport=transport,  # None: UDP+TCP; the in-process sim's MemoryTransport
             clock=ctx.clock,
         )
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)

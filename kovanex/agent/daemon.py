@@ -50,13 +50,14 @@ from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.feeds import ApiFeeds
-from kovanex.clock import settled
+from kovanex.clock import SYSTEM, Clock, settled
 from kovanex.core.effects import Assign
 from kovanex.core.netpolicy import NodePorts, parse_egress
 from kovanex.core.task import TaskView
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer, Router
 from kovanex.net.gossip import MemberInfo
+from kovanex.net.transport import Transport
 from kovanex.paths import install_hooks
 from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
@@ -81,9 +82,22 @@ class Agent:
     services (kovanex/node.py: the API and the dashboard sit above the agent, issue 25)."""
 
     def __init__(
-        self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, front: Front | None = None
+        self,
+        layout: cfgmod.Layout,
+        cfg: cfgmod.NodeConfig,
+        front: Front | None = None,
+        *,
+        clock: Clock = SYSTEM,
+        transport: Transport | None = None,
+        owns_process: bool = True,
     ) -> None:
-        ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout))
+        """`clock`, `transport` (gossip's) and `owns_process` are seams: the in-process
+        cluster of kovanex/sim/realcluster.py runs several agents in one process over a
+        MemoryNetwork (issue 25 part 3, ADR 0110). An agent that does not own its process
+        installs no SIGTERM/SIGINT handlers and its stop watchdog never exits the
+        process. The defaults are the daemon's."""
+        ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout), clock)
+        self.owns_process = owns_process
         self.started = ctx.clock.time()
         self.repos = RepoIndex(layout, cfg.name)
         self.runs = RunTable(ctx)
@@ -130,7 +144,9 @@ class Agent:
             clock=ctx.clock,
         )
         self.local = LocalNode(ctx, self.runs, self.repos, self.health.score)
-        self.cluster = Cluster(ctx, self.local, self.http_url, self._on_member_event)
+        self.cluster = Cluster(
+            ctx, self.local, self.http_url, self._on_member_event, transport=transport
+        )
         gossip = self.cluster.node
         self.coord = coordination.make(ctx, self.cluster.members)
         self.cluster.extra_meta = self.coord.meta
@@ -356,13 +372,13 @@ class Agent:
         the stop comes mid-start or a service will not close (kovanex/agent/stopping.py)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        watch = StopWatch(ctx.name, clock=ctx.clock)
+        watch = StopWatch(ctx.name, clock=ctx.clock, hard_exit=self.owns_process)
 
         def asked() -> None:
             watch.arm()
             ctx.stop_event.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) if self.owns_process else ():
             loop.add_signal_handler(sig, asked)
         starting = asyncio.create_task(self._start(on_ready))
         stop = asyncio.create_task(ctx.stop_event.wait())
@@ -466,3 +482,4 @@ class Agent:
         await bounded(watch, "api", self.feeds.stop(), t)
         await bounded(watch, "control", self.control.close(), t)
         self.ctx.layout.pid_file.unlink(missing_ok=True)
+        watch.stage = "stopped"

@@ -1,0 +1,114 @@
+"""The real agent under the simulator (issue 25 part 3): three real `Agent`s in this
+process, gossip over a MemoryNetwork the harness breaks, real repos, pushes and steps.
+
+Each agent runs on its own loop thread (kovanex/sim/realcluster.py); a crash stops that
+loop dead, as `kill -9` stops a process, and the invariants of kovanex/sim/realchecks.py
+are sampled while the scenario runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kovanex.sim import realchecks
+from kovanex.sim.realcluster import RealCluster
+from tests.agentkit import git, kx
+
+TASK_S = 60.0  # generous: the host is shared
+# One gossip round after the membership has healed: the inventory is republished every
+# second (Cluster.keep_fresh) and an owner record crosses the cluster in a few gossip
+# intervals; the rest is slack for a loaded host.
+ROUND_S = 3.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    c = RealCluster(tmp_path / "nodes", ["a", "b", "c"], seed=25, caps={"b": ["sast"]})
+    try:
+        c.start()
+        yield c
+    finally:
+        watch = getattr(c, "watch", None)
+        c.close()
+        if watch is not None:
+            watch.kill_leftovers()
+
+
+def push_task(c: RealCluster, work: Path, task: str, run: str) -> None:
+    """`kovanex repo create` on a (the owner), then a real `git push` of a task branch
+    that only b (the one node with capability sast) may run."""
+    owner = c["a"]
+    if not (owner.data / "repos" / "demo.git").exists():
+        kx("repo", "create", "demo", data=owner.data)
+    if not work.exists():
+        git("clone", "-q", str(owner.data / "repos" / "demo.git"), str(work))
+    git("checkout", "-q", "-B", f"task/{task}", cwd=work)
+    (work / ".kovanex").mkdir(exist_ok=True)
+    spec = f'[placement]\nrequires = ["sast"]\n[[steps]]\nname = "s"\nrun = "{run}"\n'
+    (work / ".kovanex" / "task.toml").write_text(spec)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", f"task {task}", cwd=work)
+    git("push", "-q", "origin", f"task/{task}", cwd=work)
+
+
+def state(c: RealCluster, task: str) -> str | None:
+    v = realchecks.task_view(c, "demo", task)
+    return v.state if v is not None else None
+
+
+def test_three_agents_in_one_process_run_a_pushed_task(cluster: RealCluster, tmp_path: Path):
+    watch = cluster.watch = realchecks.Watch(cluster)  # type: ignore[attr-defined]
+    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    push_task(cluster, tmp_path / "w", "t1", "echo ran on $KOVANEX_NODE")
+    watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
+    view = realchecks.task_view(cluster, "demo", "t1")
+    assert view is not None and view.node == "b"  # placed over gossip, run remotely over HTTP
+    assert watch.violations == []
+
+
+def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
+    cluster: RealCluster, tmp_path: Path
+):
+    x = tmp_path / "x"
+    x.mkdir()
+    watch = cluster.watch = realchecks.Watch(cluster, step_deadline=3.0)  # type: ignore[attr-defined]
+    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    # the first attempt sleeps (the crash comes mid-step); any later one ends at once
+    run = f"if [ -e {x}/started ]; then exit 0; fi; echo $$ > {x}/started; exec sleep 120"
+    push_task(cluster, tmp_path / "w", "t1", run)
+    watch.until(lambda: (x / "started").exists() and watch.steps, TASK_S, "b's step running")
+    (step,) = watch.steps.values()
+    assert step.node == "b"
+
+    cluster.crash("b")
+    # kill -9, not a stop: nothing of the agent ran after the crash, so its step runs on
+    watch.settle(0.5)
+    assert step.alive(), "a crash must leave the step running, as kill -9 does"
+    assert (cluster["b"].layout.run / "steps" / "demo__t1.json").exists()
+
+    cluster.restart("b")
+    watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
+    watch.settle(watch.step_deadline + 1.0)  # an orphan would have to outlive its deadline
+    assert not step.alive(), f"the first attempt's step {step.pid} outlived its run"
+    assert watch.violations == []
+
+
+def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster):
+    watch = cluster.watch = realchecks.Watch(cluster)  # type: ignore[attr-defined]
+    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    kx("repo", "create", "demo", data=cluster["a"].data)
+    watch.until(lambda: not realchecks.ownership_views(cluster), TASK_S, "a's ownership known")
+
+    cluster.partition({"a"})  # a alone: b and c find it dead and one takes demo over
+
+    def taken_over() -> bool:
+        return any("demo" in cluster[n].call(cluster[n].agent.repos.owned) for n in ("b", "c"))
+
+    watch.until(taken_over, TASK_S, "a takeover of demo by b or c")
+    assert realchecks.ownership_views(cluster), "a, cut off, still believes it owns demo"
+
+    cluster.heal()
+    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "the membership healed")
+    assert realchecks.agree_within(cluster, ROUND_S) == []
+    assert watch.violations == []
