@@ -64,6 +64,8 @@ def test_three_agents_in_one_process_run_a_pushed_task(cluster: RealCluster, tmp
     watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
     view = realchecks.task_view(cluster, "demo", "t1")
     assert view is not None and view.node == "b"  # placed over gossip, run remotely over HTTP
+    # the gossip that placed it went through the harness's network, not the host's
+    assert set(cluster.net.endpoints) == {h.gossip_addr for h in cluster.hosts.values()}
     assert watch.violations == []
 
 
@@ -90,8 +92,8 @@ def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
     cluster.restart("b")
     watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
     watch.settle(watch.step_deadline + 1.0)  # an orphan would have to outlive its deadline
-    assert not step.alive(), f"the first attempt's step {step.pid} outlived its run"
     assert watch.violations == []
+    assert not step.alive(), f"the first attempt's step {step.pid} outlived its run"
 
 
 def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster):
