@@ -1,8 +1,8 @@
 """The real agent under the simulator (issue 25 part 3): three real `Agent`s in this
 process, gossip over a MemoryNetwork the harness breaks, real repos, pushes and steps.
 
-Each agent runs on its own loop thread (kovanex/sim/realcluster.py); a crash stops that
-loop dead, as `kill -9` stops a process, and the invariants of kovanex/sim/realchecks.py
+Each agent runs on its own loop thread (kovanex/simreal/cluster.py); a crash stops that
+loop dead, as `kill -9` stops a process, and the invariants of kovanex/simreal/checks.py
 are sampled while the scenario runs."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kovanex.sim import realchecks
-from kovanex.sim.realcluster import RealCluster
+from kovanex.simreal import checks
+from kovanex.simreal.cluster import RealCluster
 from tests.agentkit import git, kx
 
 TASK_S = 60.0  # generous: the host is shared
@@ -53,16 +53,16 @@ def push_task(c: RealCluster, work: Path, task: str, run: str) -> None:
 
 
 def state(c: RealCluster, task: str) -> str | None:
-    v = realchecks.task_view(c, "demo", task)
+    v = checks.task_view(c, "demo", task)
     return v.state if v is not None else None
 
 
 def test_three_agents_in_one_process_run_a_pushed_task(cluster: RealCluster, tmp_path: Path):
-    watch = cluster.watch = realchecks.Watch(cluster)  # type: ignore[attr-defined]
-    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    watch = cluster.watch = checks.Watch(cluster)  # type: ignore[attr-defined]
+    watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     push_task(cluster, tmp_path / "w", "t1", "echo ran on $KOVANEX_NODE")
     watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
-    view = realchecks.task_view(cluster, "demo", "t1")
+    view = checks.task_view(cluster, "demo", "t1")
     assert view is not None and view.node == "b"  # placed over gossip, run remotely over HTTP
     # the gossip that placed it went through the harness's network, not the host's
     assert set(cluster.net.endpoints) == {h.gossip_addr for h in cluster.hosts.values()}
@@ -74,8 +74,8 @@ def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
 ):
     x = tmp_path / "x"
     x.mkdir()
-    watch = cluster.watch = realchecks.Watch(cluster, step_deadline=3.0)  # type: ignore[attr-defined]
-    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    watch = cluster.watch = checks.Watch(cluster, step_deadline=3.0)  # type: ignore[attr-defined]
+    watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     # the first attempt sleeps (the crash comes mid-step); any later one ends at once
     run = f"if [ -e {x}/started ]; then exit 0; fi; echo $$ > {x}/started; exec sleep 120"
     push_task(cluster, tmp_path / "w", "t1", run)
@@ -97,10 +97,10 @@ def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
 
 
 def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster):
-    watch = cluster.watch = realchecks.Watch(cluster)  # type: ignore[attr-defined]
-    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "a 3-node membership")
+    watch = cluster.watch = checks.Watch(cluster)  # type: ignore[attr-defined]
+    watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     kx("repo", "create", "demo", data=cluster["a"].data)
-    watch.until(lambda: not realchecks.ownership_views(cluster), TASK_S, "a's ownership known")
+    watch.until(lambda: not checks.ownership_views(cluster), TASK_S, "a's ownership known")
 
     cluster.partition({"a"})  # a alone: b and c find it dead and one takes demo over
 
@@ -108,9 +108,9 @@ def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster)
         return any("demo" in cluster[n].call(cluster[n].agent.repos.owned) for n in ("b", "c"))
 
     watch.until(taken_over, TASK_S, "a takeover of demo by b or c")
-    assert realchecks.ownership_views(cluster), "a, cut off, still believes it owns demo"
+    assert checks.ownership_views(cluster), "a, cut off, still believes it owns demo"
 
     cluster.heal()
-    watch.until(lambda: realchecks.members_alive(cluster), TASK_S, "the membership healed")
-    assert realchecks.agree_within(cluster, ROUND_S) == []
+    watch.until(lambda: checks.members_alive(cluster), TASK_S, "the membership healed")
+    assert checks.agree_within(cluster, ROUND_S) == []
     assert watch.violations == []

@@ -92,7 +92,7 @@ class Agent:
         owns_process: bool = True,
     ) -> None:
         """`clock`, `transport` (gossip's) and `owns_process` are seams: the in-process
-        cluster of kovanex/sim/realcluster.py runs several agents in one process over a
+        cluster of kovanex/simreal/cluster.py runs several agents in one process over a
         MemoryNetwork (issue 25 part 3, ADR 0110). An agent that does not own its process
         installs no SIGTERM/SIGINT handlers and its stop watchdog never exits the
         process. The defaults are the daemon's."""

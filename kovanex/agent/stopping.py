@@ -35,7 +35,7 @@ class StopWatch:
         hard_exit: bool = True,
     ) -> None:
         self.name = name
-        # False where the agent shares its process (kovanex/sim/realcluster.py): the
+        # False where the agent shares its process (kovanex/simreal/cluster.py): the
         # deadline is only logged, and never ends the other agents' process
         self.hard_exit = hard_exit
         self.clock = clock  # the services' close timeouts; the watchdog stays on real time

@@ -157,7 +157,7 @@ class MemoryTransport:
     """In-process twin of UdpTcpTransport: same contract, delivery via the event loop.
 
     Endpoints may live on different event loops (one per thread: the in-process cluster of
-    kovanex/sim/realcluster.py runs each agent on its own): what arrives is handed to the
+    kovanex/simreal/cluster.py runs each agent on its own): what arrives is handed to the
     receiver's own loop, never run on the sender's thread."""
 
     def __init__(self, net: MemoryNetwork, clock: Clock = SYSTEM) -> None:

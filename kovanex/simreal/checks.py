@@ -24,7 +24,7 @@ import psutil
 from kovanex.core import task as taskcore
 
 if TYPE_CHECKING:
-    from kovanex.sim.realcluster import AgentHost, RealCluster
+    from kovanex.simreal.cluster import AgentHost, RealCluster
 
 Key = tuple[str, str]  # (repo, task)
 POLL_S = 0.05
