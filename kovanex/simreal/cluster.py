@@ -101,7 +101,14 @@ class AgentHost:
             self.error = e
         except BaseException as e:  # noqa: BLE001 - reported by start() and stop()
             self.error = e
-        try:
+        try:  # what asyncio.run does after its main: the leftovers are cancelled
+            for _ in range(3):  # a cancelled task may leave one more behind
+                left = asyncio.all_tasks(loop)
+                if not left:
+                    break
+                for t in left:
+                    t.cancel()
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
