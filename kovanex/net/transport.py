@@ -143,13 +143,16 @@ def _running() -> asyncio.AbstractEventLoop | None:
 
 
 class MemoryNetwork:
-    """The hub in-memory transports attach to; `drop` (loss, partitions) and `delay`
-    (seconds a message spends in flight) are the fault hooks tests and the simulator set."""
+    """The hub in-memory transports attach to. Fault hooks for tests and the simulator:
+    `drop` cuts packets and streams alike (a partition), `lose` drops packets only (loss
+    on the wire: a stream is TCP, which retransmits), `delay` is the seconds a message
+    spends in flight."""
 
     def __init__(self) -> None:
         self.endpoints: dict[Addr, MemoryTransport] = {}
         self._ports = itertools.count(20000)
         self.drop: Callable[[Addr, Addr], bool] = lambda src, dst: False
+        self.lose: Callable[[Addr, Addr], bool] = lambda src, dst: False
         self.delay: Callable[[Addr, Addr], float] = lambda src, dst: 0.0
 
 
@@ -189,6 +192,8 @@ class MemoryTransport:
     def send_packet(self, data: bytes, addr: Addr) -> None:
         dst = self.net.endpoints.get(addr)
         if self.closed or dst is None or self.net.drop(self._addr, addr):
+            return
+        if self.net.lose(self._addr, addr):
             return
         dst._hand(dst._deliver_packet, bytes(data), self._addr, self.net.delay(self._addr, addr))
 

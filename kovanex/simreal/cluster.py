@@ -201,7 +201,8 @@ class RealCluster:
         self.root = root
         self.rng = random.Random(seed)
         self.net = MemoryNetwork()
-        self.net.drop = self._drops
+        self.net.drop = self._cut
+        self.net.lose = self._lost
         self.net.delay = self._delay
         self.groups: list[set[Addr]] = []  # a partition: packets cross no group border
         self.loss = 0.0
@@ -249,9 +250,10 @@ class RealCluster:
     def heal(self) -> None:
         self.groups = []
 
-    def _drops(self, src: Addr, dst: Addr) -> bool:
-        if self.groups and not any(src in g and dst in g for g in self.groups):
-            return True
+    def _cut(self, src: Addr, dst: Addr) -> bool:
+        return bool(self.groups) and not any(src in g and dst in g for g in self.groups)
+
+    def _lost(self, src: Addr, dst: Addr) -> bool:
         return self.loss > 0 and self.rng.random() < self.loss
 
     def _delay(self, src: Addr, dst: Addr) -> float:
