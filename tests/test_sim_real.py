@@ -7,11 +7,13 @@ are sampled while the scenario runs."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
+from kovanex.agent.stopping import StopWatch
 from kovanex.simreal import checks, scenario
 from kovanex.simreal.cluster import RealCluster
 from kovanex.simreal.scenario import once_then_sleep, push_task
@@ -110,3 +112,20 @@ SWEEP = [int(os.environ["KOVANEX_SEED"])] if os.environ.get("KOVANEX_SEED") else
 def test_a_seeded_scenario_over_real_agents_keeps_every_invariant(seed: int):
     r = scenario.simulate(seed)  # its own short tmp dir: unix socket paths are bounded
     assert r.ok, f"{r.plan.describe()}\n" + "\n".join(r.violations) + f"\nKOVANEX_SEED={seed}"
+
+
+def test_an_agent_sharing_its_process_is_late_to_stop_without_ending_the_process(caplog):
+    """In-process agents (owns_process=False): a late stop is logged, never os._exit, which
+    would end every other agent and the test run with it."""
+    caplog.set_level(logging.ERROR, "kovanex.agent")
+    late = StopWatch("shared", deadline_s=0.05, hard_exit=False)
+    late.stage = "closing gossip"
+    late.arm()
+    done = StopWatch("done", deadline_s=0.05, hard_exit=False)
+    done.stage = "stopped"
+    done.arm()
+    assert late._armed is not None and done._armed is not None
+    late._armed.join(5)
+    done._armed.join(5)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == ["agent shared did not stop within 0 s (still closing gossip)"]
