@@ -33,10 +33,7 @@ def cluster(tmp_path: Path):
         c.start()
         yield c
     finally:
-        watch = getattr(c, "watch", None)
         c.close()
-        if watch is not None:
-            watch.kill_leftovers()
 
 
 def state(c: RealCluster, task: str) -> str | None:
@@ -45,7 +42,7 @@ def state(c: RealCluster, task: str) -> str | None:
 
 
 def test_three_agents_in_one_process_run_a_pushed_task(cluster: RealCluster, tmp_path: Path):
-    watch = cluster.watch = checks.Watch(cluster)  # type: ignore[attr-defined]
+    watch = checks.Watch(cluster)
     watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     push_task(cluster, tmp_path / "w", "t1", "echo ran on $KOVANEX_NODE")
     watch.until(lambda: state(cluster, "t1") == "succeeded", TASK_S, "t1 succeeded")
@@ -61,7 +58,7 @@ def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
 ):
     x = tmp_path / "x"
     x.mkdir()
-    watch = cluster.watch = checks.Watch(cluster, step_deadline=3.0)  # type: ignore[attr-defined]
+    watch = checks.Watch(cluster, step_deadline=3.0)
     watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     # the first attempt sleeps (the crash comes mid-step); any later one ends at once
     push_task(cluster, tmp_path / "w", "t1", once_then_sleep(x / "started", 120))
@@ -83,7 +80,7 @@ def test_a_runner_crashed_mid_step_leaves_no_orphan_and_the_task_finishes(
 
 
 def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster):
-    watch = cluster.watch = checks.Watch(cluster)  # type: ignore[attr-defined]
+    watch = checks.Watch(cluster)
     watch.until(lambda: checks.members_alive(cluster), TASK_S, "a 3-node membership")
     kx("repo", "create", "demo", data=cluster["a"].data)
     watch.until(lambda: not checks.ownership_views(cluster), TASK_S, "a's ownership known")

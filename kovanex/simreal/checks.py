@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from kovanex.core import task as taskcore
+from kovanex.proc import signal_group
 
 if TYPE_CHECKING:
     from kovanex.simreal.cluster import AgentHost, RealCluster
@@ -139,14 +140,15 @@ class Watch:
         if msg not in self.violations:
             self.violations.append(msg)
 
+    def __post_init__(self) -> None:
+        self.cluster.watches.append(self)  # its close kills what we saw and still runs
+
     def kill_leftovers(self) -> None:
-        """At the end of a scenario: no step of ours may outlive the harness."""
+        """At the end of a scenario: no step of ours may outlive the harness (a step leads
+        its own process group)."""
         for st in self.steps.values():
             if st.alive():
-                try:
-                    psutil.Process(st.pid).kill()
-                except psutil.Error:
-                    pass
+                signal_group(st.pid)
 
 
 def _runs(h: AgentHost) -> set[Key] | None:

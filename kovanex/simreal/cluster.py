@@ -208,6 +208,7 @@ class RealCluster:
         self.loss = 0.0
         self.max_delay = 0.0
         self.hosts: dict[str, AgentHost] = {}
+        self.watches: list[Any] = []  # kovanex.simreal.checks.Watch: what it saw is killed
         token: Path | None = None
         for name in names:
             data = root / name
@@ -234,11 +235,14 @@ class RealCluster:
         return [h for h in self.hosts.values() if h.up]
 
     def close(self) -> None:
+        """Stop every agent, then kill any step a crash left running that no restart did."""
         for h in self.hosts.values():
             try:
                 h.stop()
             except RuntimeError:
                 h.crash()
+        for w in self.watches:
+            w.kill_leftovers()
 
     # -- faults ------------------------------------------------------------------------
     def partition(self, *groups: Iterable[str]) -> None:

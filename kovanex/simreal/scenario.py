@@ -148,7 +148,6 @@ def simulate(seed: int, root: Path | None = None) -> Result:
             res.violations.append(str(e))
         finally:
             c.close()
-            watch.kill_leftovers()
         res.violations[:0] = watch.violations
     res.took = time.monotonic() - t0
     return res
