@@ -100,9 +100,11 @@ def test_a_partition_and_heal_converge_the_ownership_views(cluster: RealCluster)
 
 
 # Seeds whose plans crash the one node that may run the tasks mid-step (4: for 16 s, past
-# the placement deadline; 5: for 12 s, beside a partition of another node); KOVANEX_SEED=<n>
-# runs only that one (`python -m kovanex.simreal --seed N --log` prints its plan).
-SWEEP = [int(os.environ["KOVANEX_SEED"])] if os.environ.get("KOVANEX_SEED") else [4, 5]
+# the placement deadline; 14: for 0.2 s, so the restart finds its step still running), on a
+# network without loss: the ownership round is a real-time bound, and with loss it is met
+# only most of the time (ADR 0111). KOVANEX_SEED=<n> runs only that one
+# (`python -m kovanex.simreal --seed N --log` prints its plan and the agents' warnings).
+SWEEP = [int(os.environ["KOVANEX_SEED"])] if os.environ.get("KOVANEX_SEED") else [4, 14]
 
 
 @pytest.mark.parametrize("seed", SWEEP)

@@ -56,8 +56,8 @@ class Watch:
     `step_deadline`: how long a step may run with no run of its node supervising it (a
     run stopping its step, or a restarted agent killing the orphans of its previous life).
     While a crashed node is down its steps run on, as after `kill -9`: the deadline runs
-    from the restart. `running_deadline`: how long a task may be `running` on a node that
-    runs nothing for it (failure detection, then requeue or resume)."""
+    from the restart. `running_deadline`: how long a task may be `running` with no step
+    process of its holder alive (between steps, failure detection, requeue or resume)."""
 
     cluster: RealCluster
     step_deadline: float = 5.0
@@ -73,7 +73,7 @@ class Watch:
             for st in _pidfiles(h):
                 self.steps.setdefault((st.pid, st.created), st)
         self._steps(now, runs)
-        self._running(now, runs)
+        self._running(now)
 
     def until(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         """Sample until `cond()` is true (its value returned) or the deadline passes."""
@@ -114,14 +114,14 @@ class Watch:
                     f"its run by more than {self.step_deadline:g}s"
                 )
 
-    def _running(self, now: float, runs: dict[str, set[Key] | None]) -> None:
+    def _running(self, now: float) -> None:
+        """A live step process of the holder, not just a run in its table: a run stuck
+        reading from an unreachable owner runs nothing (issue 25's bug 2)."""
+        live = {(st.node, st.key) for st in self.steps.values() if st.alive()}
         seen: set[Key] = set()
         for h in self.cluster.up():
             for key, view in _owned_views(h).items():
-                if view.state != taskcore.RUNNING:
-                    continue
-                held = runs.get(view.node or "")
-                if held is not None and key in held:
+                if view.state != taskcore.RUNNING or (view.node, key) in live:
                     continue
                 seen.add(key)
                 node, epoch, since = self.stuck.get(key, (view.node or "", view.epoch, now))
