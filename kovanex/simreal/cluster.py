@@ -18,6 +18,7 @@ See ADR 0110 for what runs real, what is faked and the limits of determinism.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import random
@@ -38,6 +39,25 @@ START_S = 30.0  # an agent that is not ready by then failed to start
 # Loops of crashed agents: never run again, never collected while the process lives (a
 # collected coroutine would run its `finally` blocks, which `kill -9` never does).
 _GRAVEYARD: list[tuple[asyncio.AbstractEventLoop, Any]] = []
+_LOOP_GONE = ("Event loop is closed", "no running event loop")
+
+
+def _quiet_graveyard() -> None:
+    """At exit the interpreter does collect the crashed agents' coroutines, and their
+    `finally` blocks find no loop: those errors (and only those) are not reported."""
+    if not _GRAVEYARD:
+        return
+    default = sys.unraisablehook
+
+    def hook(u: Any) -> None:
+        if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) in _LOOP_GONE:
+            return
+        default(u)
+
+    sys.unraisablehook = hook
+
+
+atexit.register(_quiet_graveyard)
 
 
 class AgentHost:
