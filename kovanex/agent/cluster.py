@@ -24,6 +24,7 @@ from kovanex.core.gossip_profiles import profile
 from kovanex.core.scoring import NodeInfo
 from kovanex.net.gossip import GossipNode, MemberInfo
 from kovanex.net.keyring import Keyring
+from kovanex.net.transport import Transport
 
 log = logging.getLogger("kovanex.cluster")
 MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
@@ -58,6 +59,7 @@ class Cluster:
         keyring: Keyring | None = None,
         extra_meta: Callable[[], dict[str, Any]] = dict,
         on_record: Callable[[dict[str, Any]], None] = lambda event: None,
+        transport: Transport | None = None,
     ) -> None:
         self.ctx = ctx
         self.local = local
@@ -81,6 +83,7 @@ class Cluster:
             self.keyring,
             self.meta(),
             label=cfg.gossip_label,
+            transport=transport,  # None: UDP+TCP; the in-process sim's MemoryTransport
             clock=ctx.clock,
         )
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)

@@ -51,11 +51,12 @@ from kovanex.agent.tokensync import TokenSync
 from kovanex.agent.upkeep import UpkeepService, release_memory
 from kovanex.agent.watcher import RefWatcher
 from kovanex.api.feeds import ApiFeeds
-from kovanex.clock import settled
+from kovanex.clock import SYSTEM, Clock, settled
 from kovanex.core.netpolicy import NodePorts, node_ports, parse_egress
 from kovanex.gitstate import gitcli
 from kovanex.net.githttp import GitHttpServer, Router
 from kovanex.net.gossip import MemberInfo
+from kovanex.net.transport import Transport
 from kovanex.paths import install_hooks
 from kovanex.runner import netpolicy, units
 from kovanex.runner.limits import reap_stale
@@ -80,15 +81,28 @@ class Agent:
     services (kovanex/node.py: the API and the dashboard sit above the agent, issue 25)."""
 
     def __init__(
-        self, layout: cfgmod.Layout, cfg: cfgmod.NodeConfig, front: Front | None = None
+        self,
+        layout: cfgmod.Layout,
+        cfg: cfgmod.NodeConfig,
+        front: Front | None = None,
+        *,
+        clock: Clock = SYSTEM,
+        transport: Transport | None = None,
+        owns_process: bool = True,
     ) -> None:
+        """`clock`, `transport` (gossip's) and `owns_process` are seams: the in-process
+        cluster of kovanex/simreal/cluster.py runs several agents in one process over a
+        MemoryNetwork (issue 25 part 3, ADR 0110). An agent that does not own its process
+        installs no SIGTERM/SIGINT handlers and its stop watchdog never exits the
+        process. The defaults are the daemon's."""
         # Each service gets its collaborators in its constructor, built in dependency
         # order. Where a service must call one built after it (a true cycle: the runs
         # report tips to the scheduler that needs the runs), it gets a relay, a lambda
         # over this composition root resolved at call time; nothing calls one before
         # `run`, and nothing is assigned into a service afterwards (ADR 0107,
         # tests/test_wiring.py).
-        ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout))
+        ctx = self.ctx = NodeContext(layout, cfg, cfgmod.read_token(layout), clock)
+        self.owns_process = owns_process
         self.started = ctx.clock.time()
         self.url = ""  # this node's HTTP base URL, once its listener is bound (_start)
         self.repos = RepoIndex(layout, cfg.name, roles=lambda: self.replicas)
@@ -179,6 +193,7 @@ class Agent:
             keyring=keyring,
             extra_meta=self.coord.meta,
             on_record=lambda event: self.feeds.recorded(event),
+            transport=transport,
         )
         gossip = self.cluster.node
         self.assignments = Assignments(cfg.name, gossip, self.http_url)
@@ -384,13 +399,13 @@ class Agent:
         the stop comes mid-start or a service will not close (kovanex/agent/stopping.py)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        watch = StopWatch(ctx.name, clock=ctx.clock)
+        watch = StopWatch(ctx.name, clock=ctx.clock, hard_exit=self.owns_process)
 
         def asked() -> None:
             watch.arm()
             ctx.stop_event.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) if self.owns_process else ():
             loop.add_signal_handler(sig, asked)
         starting = asyncio.create_task(self._start(on_ready))
         stop = asyncio.create_task(ctx.stop_event.wait())
@@ -495,3 +510,4 @@ class Agent:
         await bounded(watch, "api", self.feeds.stop(), t)
         await bounded(watch, "control", self.control.close(), t)
         self.ctx.layout.pid_file.unlink(missing_ok=True)
+        watch.stage = "stopped"

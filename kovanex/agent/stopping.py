@@ -28,9 +28,16 @@ class StopWatch:
     """Arms once; at the deadline it logs what was still closing and exits the process."""
 
     def __init__(
-        self, name: str, deadline_s: float = STOP_DEADLINE_S, clock: Clock = SYSTEM
+        self,
+        name: str,
+        deadline_s: float = STOP_DEADLINE_S,
+        clock: Clock = SYSTEM,
+        hard_exit: bool = True,
     ) -> None:
         self.name = name
+        # False where the agent shares its process (kovanex/simreal/cluster.py): the
+        # deadline is only logged, and never ends the other agents' process
+        self.hard_exit = hard_exit
         self.clock = clock  # the services' close timeouts; the watchdog stays on real time
         self.deadline_s = deadline_s
         self.stage = "starting"
@@ -44,12 +51,14 @@ class StopWatch:
         self._armed.start()
 
     def _expire(self) -> None:
+        if not self.hard_exit:
+            if self.stage != "stopped":
+                log.error("agent %s did not stop within %.0f s (still %s)", *self._late())
+            return
         log.error(
             "agent %s did not stop within %.0f s (still %s); exiting now: what it left "
             "behind is cleaned up at the next start",
-            self.name,
-            self.deadline_s,
-            self.stage,
+            *self._late(),
         )
         for h in logging.getLogger().handlers:
             try:
@@ -57,6 +66,9 @@ class StopWatch:
             except Exception:  # noqa: BLE001, S110 - exiting anyway
                 pass
         os._exit(1)
+
+    def _late(self) -> tuple[str, float, str]:
+        return self.name, self.deadline_s, self.stage
 
 
 async def bounded(watch: StopWatch, name: str, step: Awaitable[object], timeout: float) -> None:

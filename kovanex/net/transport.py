@@ -135,23 +135,41 @@ class UdpTcpTransport:
             await self._tcp.wait_closed()
 
 
+def _running() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class MemoryNetwork:
-    """The hub in-memory transports attach to; optional loss hook for tests."""
+    """The hub in-memory transports attach to. Fault hooks for tests and the simulator:
+    `drop` cuts packets and streams alike (a partition), `lose` drops packets only (loss
+    on the wire: a stream is TCP, which retransmits), `delay` is the seconds a message
+    spends in flight."""
 
     def __init__(self) -> None:
         self.endpoints: dict[Addr, MemoryTransport] = {}
         self._ports = itertools.count(20000)
         self.drop: Callable[[Addr, Addr], bool] = lambda src, dst: False
+        self.lose: Callable[[Addr, Addr], bool] = lambda src, dst: False
+        self.delay: Callable[[Addr, Addr], float] = lambda src, dst: 0.0
 
 
 class MemoryTransport:
-    """In-process twin of UdpTcpTransport: same contract, delivery via the event loop."""
+    """In-process twin of UdpTcpTransport: same contract, delivery via the event loop.
 
-    def __init__(self, net: MemoryNetwork) -> None:
+    Endpoints may live on different event loops (one per thread: the in-process cluster of
+    kovanex/simreal/cluster.py runs each agent on its own): what arrives is handed to the
+    receiver's own loop, never run on the sender's thread."""
+
+    def __init__(self, net: MemoryNetwork, clock: Clock = SYSTEM) -> None:
         self.net = net
+        self.clock = clock  # the receiver's delay timers, the sender's stream delay
         self._addr: Addr = ("", 0)
         self._on_packet: OnData | None = None
         self._on_stream: OnData | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
 
     @property
@@ -167,6 +185,7 @@ class MemoryTransport:
             raise OSError(f"address in use: {addr}")
         self._addr = addr
         self._on_packet, self._on_stream = on_packet, on_stream
+        self._loop = asyncio.get_running_loop()
         self.net.endpoints[addr] = self
         return addr
 
@@ -174,11 +193,40 @@ class MemoryTransport:
         dst = self.net.endpoints.get(addr)
         if self.closed or dst is None or self.net.drop(self._addr, addr):
             return
-        asyncio.get_running_loop().call_soon(dst._deliver_packet, bytes(data), self._addr)
+        if self.net.lose(self._addr, addr):
+            return
+        dst._hand(dst._deliver_packet, bytes(data), self._addr, self.net.delay(self._addr, addr))
+
+    def _hand(
+        self, fn: Callable[[bytes, Addr], None], data: bytes, src: Addr, delay: float
+    ) -> None:
+        """Run `fn(data, src)` on this endpoint's loop, after `delay` seconds (its clock)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if delay > 0:
+            fn = self._later(fn, delay)
+        try:
+            if loop is _running():
+                loop.call_soon(fn, data, src)
+            else:
+                loop.call_soon_threadsafe(fn, data, src)
+        except RuntimeError:  # the receiver's loop closed meanwhile: lost, as on a wire
+            pass
+
+    def _later(self, fn: Callable[[bytes, Addr], None], delay: float) -> OnData:
+        def arm(data: bytes, src: Addr) -> None:
+            self.clock.call_later(delay, fn, data, src)
+
+        return arm
 
     def _deliver_packet(self, data: bytes, src: Addr) -> None:
         if not self.closed and self._on_packet is not None:
             self._on_packet(data, src)
+
+    def _deliver_stream(self, data: bytes, src: Addr) -> None:
+        if not self.closed and self._on_stream is not None:
+            self._on_stream(data, src)
 
     async def send_stream(self, data: bytes, addr: Addr, timeout: float = 5.0) -> bool:
         dst = self.net.endpoints.get(addr)
@@ -186,9 +234,20 @@ class MemoryTransport:
             return False
         if self.net.drop(self._addr, addr):  # a partition cuts streams as well as packets
             return False
-        await asyncio.sleep(0)  # yield like a real connect would
-        if dst._on_stream is not None and not dst.closed:
-            dst._on_stream(bytes(data), self._addr)
+        delay = self.net.delay(self._addr, addr)
+        if delay >= timeout:
+            await self.clock.sleep(timeout)
+            return False
+        if delay > 0:
+            await self.clock.sleep(delay)
+        else:
+            await asyncio.sleep(0)  # yield like a real connect would
+        if dst.closed:
+            return False
+        if dst._loop is asyncio.get_running_loop():
+            dst._deliver_stream(bytes(data), self._addr)
+        else:
+            dst._hand(dst._deliver_stream, bytes(data), self._addr, 0.0)
         return True
 
     async def close(self) -> None:
