@@ -510,4 +510,4 @@ class Agent:
         await bounded(watch, "api", self.feeds.stop(), t)
         await bounded(watch, "control", self.control.close(), t)
         self.ctx.layout.pid_file.unlink(missing_ok=True)
-        watch.stage = "stopped"
+        watch.stopped()

@@ -50,6 +50,10 @@ class StopWatch:
         self._armed.daemon = True  # never what keeps the process alive
         self._armed.start()
 
+    def stopped(self) -> None:
+        """Every service closed: a watchdog firing after this has nothing to report."""
+        self.stage = "stopped"
+
     def _expire(self) -> None:
         if not self.hard_exit:
             if self.stage != "stopped":
