@@ -192,3 +192,30 @@ def test_no_free_slot_queues_the_submission_alone(tmp_path: Path) -> None:
     asyncio.run(go())
     assert states(node.led, "t1") == ["queued"]
     assert len(store.moves) == 1 and ("r", "t1") in node.sched.pending
+
+
+def test_a_post_receive_places_at_once_and_a_watched_move_still_settles(tmp_path: Path) -> None:
+    """ADR 0109: the post-receive hook runs after git's ref transaction, so the push's refs
+    are all in and the dispatcher acts without SETTLE_S; a move only the watcher saw (a
+    push that may still be writing its other refs) keeps the settle."""
+    from kovanex.agent.dispatch import Dispatcher
+    from kovanex.agent.hookserver import HookRequest
+    from kovanex.agent.pushes import PushHandler
+
+    node = Node(tmp_path / "n1")
+    tip = submit(node.led, "t1")
+    d = Dispatcher(node.repos, node.sched, replicas=None)
+    hooks = PushHandler(
+        node.ctx, node.repos, node.placer, node.sched, d, None, lambda r: "", lambda r: None
+    )
+    req = HookRequest(
+        "post-receive",
+        git_dir=str(node.repos.path("r")),
+        refs=[f"{'0' * 40} {tip} {task_ref('t1')}"],
+    )
+    ok, msgs = asyncio.run(hooks.on_hook(req))
+    assert ok and "task t1 accepted" in msgs[0]
+    assert (d._dirty, d._settle) == ({"r": {"t1"}}, False)
+    watched = Dispatcher(node.repos, node.sched, replicas=None)
+    watched.ref_moved("r", "t1")  # not a tip we wrote: somebody's push, maybe unfinished
+    assert (watched._dirty, watched._settle) == ({"r": {"t1"}}, True)

@@ -18,8 +18,9 @@ log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
 # watcher alone notices ref writes that bypass the hooks).
 SWEEP_S = float(os.environ.get("KOVANEX_SWEEP_S", "5.0"))
-# A push's ref move wakes us while git is still finishing that push; on 2 cores, starting
-# the task at once slows the push itself. It also coalesces bursts (an atomic push).
+# A ref move the watcher sees may be a push git is still finishing (its other refs, its
+# hook); on 2 cores, starting the task at once slows the push itself. It also coalesces
+# bursts. A post-receive (`Dispatcher.pushed`) needs none: the push's refs are all in.
 SETTLE_S = 0.02
 
 
@@ -39,6 +40,12 @@ class Dispatcher:
 
     def ran(self, repo: str, task_id: str) -> None:
         """A run ended and freed a slot: no push is in flight, so place at once."""
+        self.changed(repo, task_id, settle=False)
+
+    def pushed(self, repo: str, task_id: str) -> None:
+        """A push's post-receive: every ref of that push is in (git runs the hook after its
+        ref transaction), so there is nothing to settle for; only its process exits are
+        left. Acting at once takes SETTLE_S off every task's start (ADR 0109)."""
         self.changed(repo, task_id, settle=False)
 
     def ref_moved(self, repo: str, task_id: str | None) -> None:
