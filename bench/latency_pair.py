@@ -97,11 +97,11 @@ def main() -> None:
                 f"{1000 * statistics.median(s.latency):.1f}",
                 f"{1000 * pct(s.latency, 95):.1f}",
                 f"{1000 * statistics.median(s.push):.1f}",
-                f"{1000 * statistics.median(x - p for x, p in zip(s.latency, s.push)):.1f}",
+                f"{1000 * statistics.median(x - p for x, p in zip(s.latency, s.push, strict=True)):.1f}",
             ]
         )
     b, c = sides
-    ratio = statistics.median(x / y for x, y in zip(c.latency, b.latency))
+    ratio = statistics.median(x / y for x, y in zip(c.latency, b.latency, strict=True))
     print(f"load average {os.getloadavg()[0]:.2f}; after/before per pair, median {ratio:.2f}")
     print(
         md_table(
