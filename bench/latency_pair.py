@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 import tomllib
@@ -58,15 +59,16 @@ class Side:
         self.push: list[float] = []
 
     def kx(self, *args: str) -> None:
-        import subprocess
-
         cmd = [sys.executable, "-m", "kovanex", "--data", str(self.data), *args]
         subprocess.run(cmd, env=self.env, check=True, capture_output=True)
 
     def one(self, tid: str) -> None:
         sh("git", "commit", "-q", "--allow-empty", "-m", tid, cwd=self.work)
         sent = time.time()
-        sh("git", *self.auth, "push", "-q", self.url, f"HEAD:refs/heads/task/{tid}", cwd=self.work)
+        push = [*self.auth, "push", "-q", self.url, f"HEAD:refs/heads/task/{tid}"]
+        done = subprocess.run(["git", *push], cwd=self.work, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"bench: {self.name}: push of {tid} failed: {done.stderr.strip()}")
         self.push.append(time.time() - sent)
         stamp = self.stamps / tid
         wait(lambda: stamp.exists() and stamp.read_text().endswith("\n"), 60, what=f"{tid}")
