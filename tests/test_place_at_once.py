@@ -8,6 +8,8 @@ import asyncio
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from kovanex.core import task as taskcore
 from kovanex.gitstate import Pygit2Store
 from kovanex.gitstate.ledger import task_ref
@@ -219,3 +221,27 @@ def test_a_post_receive_places_at_once_and_a_watched_move_still_settles(tmp_path
     watched = Dispatcher(node.repos, node.sched, replicas=None)
     watched.ref_moved("r", "t1")  # not a tip we wrote: somebody's push, maybe unfinished
     assert (watched._dirty, watched._settle) == ({"r": {"t1"}}, True)
+
+
+def test_a_post_receive_ends_the_settle_the_watchers_notice_began(tmp_path: Path) -> None:
+    """The watcher sees a pushed ref move while git still runs the push, so its settle
+    starts first; the push's post-receive then ends that settle at once (ADR 0109), and a
+    move no post-receive follows still waits SETTLE_S. On the node's virtual clock."""
+    from kovanex.agent.dispatch import SETTLE_S, Dispatcher
+    from kovanex.testing import run_virtual
+
+    node = Node(tmp_path / "n1")
+    submit(node.led, "t1")
+
+    async def settled(post_receive_after: float | None) -> float:
+        d = Dispatcher(node.repos, node.sched, replicas=None, clock=node.clock)
+        d.ref_moved("r", "t1")  # the watcher, mid-push: settle
+        assert d._settle
+        if post_receive_after is not None:
+            node.clock.call_later(post_receive_after, d.pushed, "r", "t1")
+        t0 = node.clock.monotonic()
+        await d.settle()
+        return node.clock.monotonic() - t0
+
+    assert run_virtual(settled(0.004), node.clock, wall_limit_s=20) == pytest.approx(0.004)
+    assert run_virtual(settled(None), node.clock, wall_limit_s=20) == pytest.approx(SETTLE_S)

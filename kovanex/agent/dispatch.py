@@ -5,6 +5,7 @@ anti-entropy for whatever bypassed both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ class Dispatcher:
         self._announce: set[str] = set()
         self._kick = asyncio.Event()
         self._settle = False
+        self._pushed = asyncio.Event()  # a post-receive came: a settle under way may end
 
     def ran(self, repo: str, task_id: str) -> None:
         """A run ended and freed a slot: no push is in flight, so place at once."""
@@ -45,8 +47,11 @@ class Dispatcher:
     def pushed(self, repo: str, task_id: str) -> None:
         """A push's post-receive: every ref of that push is in (git runs the hook after its
         ref transaction), so there is nothing to settle for; only its process exits are
-        left. Acting at once takes SETTLE_S off every task's start (ADR 0109)."""
+        left. Acting at once takes SETTLE_S off every task's start (ADR 0109); the
+        watcher's notice of the same push usually comes first, during the push, and its
+        settle ends here."""
         self.changed(repo, task_id, settle=False)
+        self._pushed.set()
 
     def ref_moved(self, repo: str, task_id: str | None) -> None:
         """The watcher saw a ref move. Our own write's echo (the tip we just wrote) needs
@@ -80,6 +85,12 @@ class Dispatcher:
             self._dirty[repo].add(task_id)  # type: ignore[union-attr]
         self._kick.set()
 
+    async def settle(self) -> None:
+        """Wait SETTLE_S for a push git may still be finishing, or until a post-receive
+        says its refs are all in, whichever comes first."""
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(self._pushed.wait(), SETTLE_S)
+
     def _tell_replicas(self, repo: str) -> None:
         if self.replicas.has_replicas(repo):
             self.replicas.refs_changed(repo)
@@ -89,7 +100,8 @@ class Dispatcher:
         while True:
             await self._kick.wait()
             if self._settle:
-                await self.clock.sleep(SETTLE_S)
+                await self.settle()
+            self._pushed.clear()  # what it said is in this pass
             self._kick.clear()
             self._settle = False
             dirty, self._dirty = self._dirty, {}
