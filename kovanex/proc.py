@@ -24,6 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kovanex.childproc import PIDFD as PIDFD
+from kovanex.childproc import Child as Child
+from kovanex.childproc import start_child as start_child
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -184,11 +188,22 @@ async def spawn(
     stdout: int | None = PIPE,
     stderr: int | None = PIPE,
     limit: int | None = None,
-) -> asyncio.subprocess.Process:
+) -> Child | asyncio.subprocess.Process:
     """Start `argv` in its own session (its pid is its group's id), for callers that
-    stream its pipes themselves; pair with `terminate` or `kill` in a `finally`."""
+    stream its pipes themselves; pair with `terminate` or `kill` in a `finally`. A vfork'd
+    `Child` where the kernel has pidfds; asyncio's own child elsewhere."""
     import asyncio
 
+    if PIDFD:
+        return await start_child(
+            list(map(str, argv)),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            limit=limit,
+        )
     extra = {} if limit is None else {"limit": limit}
     return await asyncio.create_subprocess_exec(
         *map(str, argv),
@@ -202,13 +217,13 @@ async def spawn(
     )
 
 
-async def kill(proc: asyncio.subprocess.Process) -> None:
+async def kill(proc: Child | asyncio.subprocess.Process) -> None:
     """SIGKILL the child's whole group at once and reap the leader (`terminate` with no
     grace); a no-op once it was reaped."""
     await terminate(proc, 0)
 
 
-async def terminate(proc: asyncio.subprocess.Process, grace: float = KILL_GRACE_S) -> None:
+async def terminate(proc: Child | asyncio.subprocess.Process, grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the group, SIGKILL it after `grace` (0: at once), reap the leader, and
     SIGKILL the group once more so no orphaned helper outlives the leader. Safe to call
     from a `finally` of a cancelled task: it shields itself. Every wait is bounded: on

@@ -132,8 +132,8 @@ def test_a_push_is_queued_placed_here_and_run_to_success(node: Node) -> None:
     submit(node.led, "t1")
 
     async def go() -> None:
-        await node.sched.reconcile_task("r", "t1")
-        assert node.sched.pending == {("r", "t1"): (node.led.tip("t1"), 50)}
+        await node.sched.reconcile_task("r", "t1")  # a free slot: placed at once (ADR 0108)
+        assert node.sched.pending == {}
         await node.sched.schedule_pending()
         await asyncio.wait_for(node.done.wait(), 20)
 
@@ -155,8 +155,9 @@ def test_no_free_slot_keeps_the_task_queued_without_a_commit(tmp_path: Path) -> 
     submit(n.led, "t1")
 
     async def go() -> None:
-        await n.sched.reconcile_task("r", "t1")
         assert n.runs.slots.try_acquire()  # someone else's run holds the only slot
+        await n.sched.reconcile_task("r", "t1")
+        assert states(n.led, "t1") == ["queued"]
         tip = n.led.tip("t1")
         await n.sched.schedule_pending()
         assert n.led.tip("t1") == tip

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -172,3 +173,27 @@ def test_a_long_history_is_packed_by_git_and_holds_only_what_the_commit_reaches(
         assert int(count) == (PACK_IN_PROCESS + 36 if packed_by_git else 3)
         git("--git-dir", str(dest), "fsck", "--no-dangling", "--connectivity-only")
     assert git("--git-dir", str(tmp_path / "a"), "cat-file", "-e", secret, check=False).returncode
+
+
+def test_a_long_history_is_packed_into_a_task_dir_on_another_filesystem(tmp_path: Path) -> None:
+    """A task's dir is its own mount under the disk cap (ADR 0074): git's pack-objects made
+    its temp files in the node's repo and renamed them across filesystems (EXDEV), so any
+    task with more than PACK_IN_PROCESS commits of history failed to check out in a unit.
+    /dev/shm is a tmpfs: another filesystem than the repo's here."""
+    repo = tmp_path / "r"
+    git("init", "-q", str(repo))
+    task_history(repo, "long", PACK_IN_PROCESS + 2, 100)
+    tip = git("rev-parse", "task/long", cwd=repo).stdout.strip()
+    other = Path(tempfile.mkdtemp(prefix="kx-pack-test-", dir="/dev/shm"))
+    try:
+        assert os.stat(other).st_dev != os.stat(repo).st_dev
+        dest = other / "t.git"
+        pygit2.init_repository(str(dest), bare=True)
+        unitrepo._pack_history(repo / ".git", tip, dest / "objects" / "pack")
+        count = git("--git-dir", str(dest), "rev-list", "--count", tip).stdout.strip()
+        assert int(count) == PACK_IN_PROCESS + 2
+        git("--git-dir", str(dest), "fsck", "--no-dangling", "--connectivity-only")
+        leftovers = [p.name for p in (repo / ".git" / "objects").iterdir() if "pack-" in p.name]
+        assert leftovers == []  # the scratch dir in the node's repo is gone
+    finally:
+        shutil.rmtree(other, ignore_errors=True)

@@ -62,10 +62,13 @@ def test_push_runs_task_and_git_log_is_the_audit_trail(node: Node, tmp_path: Pat
     tr = trailers_of(clone, "task/build-42")
     assert tr[2]["Kovanex-Step"] == "1/2 build" and tr[2]["Kovanex-Result"] == "ok"
     assert tr[4]["Kovanex-Node"] == "n1" and "Kovanex-Score" in tr[4]
-    # seven commits, five compare-and-swaps (issue 11): the push, queued, placed+running,
-    # step 1, step 2+succeeded; every state above is still its own commit
+    # seven commits, four ref moves (issue 11, ADR 0108): the push, queued+placed+running
+    # (a slot was free), step 1, step 2+succeeded; every state above is its own commit
     moves = git("reflog", "show", "--format=%H", "refs/heads/task/build-42", cwd=node.repo("demo"))
-    assert len(moves.stdout.split()) == 5, moves.stdout
+    assert len(moves.stdout.split()) == 4, moves.stdout
+    chained = git("log", "-3", "--format=%(trailers:key=Kovanex-State,valueonly,separator=)",
+                  moves.stdout.split()[2], cwd=node.repo("demo"))  # fmt: skip
+    assert chained.stdout.split() == ["running", "placed", "queued"]  # one move, three states
     # the step's file change is committed as its result, with its capped log
     assert (clone / "out.txt").read_text().strip() == "built-by-n1"
     assert "building" in (clone / ".kovanex" / "logs" / "1-build.log").read_text()

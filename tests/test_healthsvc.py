@@ -111,3 +111,25 @@ def test_a_failing_reading_does_not_stop_the_loop(tmp_path: Path) -> None:
     asyncio.run(go())
     assert 2 not in svc.matrix()["queue_depth"]
     assert calls["n"] >= 4
+
+
+def test_the_score_follows_every_new_sample_and_the_runner_total(tmp_path: Path) -> None:
+    """The score is kept between samples (it is asked at every placement); a new sample or
+    another runner total gives the score of the matrix as it is now, never a stale one."""
+    state = {"free": 4.0, "total": 4}
+    svc = _svc(
+        tmp_path,
+        runner_free_fn=lambda: state["free"],
+        runner_total_fn=lambda: state["total"],
+        window=1,
+    )
+    first = svc.score()
+    assert svc.score() == first
+    state["free"] = 1.0  # three of four runners busy: the next sample scores lower
+    svc.sample_now()
+    busy = svc.score()
+    assert busy < first
+    assert busy == pytest.approx(health_score(svc.matrix(), runner_total=4))
+    state["total"] = 16  # more runners, same sample: scored against the new total
+    assert svc.score() == pytest.approx(health_score(svc.matrix(), runner_total=16))
+    assert svc.score() != pytest.approx(busy)

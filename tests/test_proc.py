@@ -148,3 +148,62 @@ def test_signal_group_reports_a_missing_group() -> None:
     p = subprocess.Popen(["true"], start_new_session=True)
     p.wait()
     assert not proc.signal_group(p.pid, signal.SIGTERM)
+
+
+def _pages_written(ballast: bytearray) -> int:
+    """Minor page faults while writing one byte into every page of `ballast`: after a
+    fork() each of its pages is copy-on-write and faults once; after a vfork() none do."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = (ballast[i] + 1) % 256
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_spawn_on_the_agents_loop_copies_nothing_of_the_agent() -> None:
+    """ADR 0109: on uvloop (the agent's loop) asyncio's children were fork()s of the whole
+    agent, every page of it made copy-on-write; `spawn` vforks, so the parent's pages stay
+    its own (the faults counted are the page-table cost a fork paid per child)."""
+    import uvloop
+
+    ballast = bytearray(64 << 20)
+    pages = len(ballast) // 4096
+    assert _pages_written(ballast) < pages // 4  # touched once: resident and writable
+
+    async def main() -> tuple[int, int]:
+        child = await proc.spawn(["/bin/sh", "-c", "exit 7"])
+        code = await asyncio.wait_for(child.wait(), 30)
+        return code, _pages_written(ballast)
+
+    code, faults = uvloop.run(main())
+    assert code == 7
+    assert faults < pages // 4, f"{faults} faults over {pages} pages: the spawn forked us"
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_spawned_pipes_stream_both_ways_and_a_kill_ends_the_group(
+    loop: str, tmp_path: Path
+) -> None:
+    """The child's pipes are the loop's streams: 4 MiB through `cat` while its stderr is
+    read (no deadlock), the exit code, and run_async / terminate over it."""
+    import uvloop
+
+    data = os.urandom(4 << 20)
+    argv, pidfile = _stubborn(tmp_path)
+
+    async def main() -> None:
+        child = await proc.spawn(["/bin/sh", "-c", "cat; echo done >&2; exit 3"], stdin=proc.PIPE)
+        out, err = await asyncio.wait_for(child.communicate(data), 60)
+        assert (out, err, child.returncode) == (data, b"done\n", 3)
+        done = await proc.run_async(
+            ["sh", "-c", "head -c 5; echo e >&2"], timeout=30, input=b"hello!"
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"hello", b"e\n")
+        stubborn = await proc.spawn(argv)
+        wait_for(pidfile.exists, 30, "the stubborn child to start")
+        await proc.terminate(stubborn, grace=0.2)
+        assert stubborn.returncode == -signal.SIGKILL
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(main())
+    _assert_group_gone(json.loads(pidfile.read_text()))

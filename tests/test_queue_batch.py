@@ -83,6 +83,7 @@ def test_a_refused_batch_leaves_every_task_to_be_read_again(tmp_path: Path) -> N
         subprocess.run(["git", "update-ref", task_ref("b"), again, b0], cwd=repo, check=True)
 
     store.before_batch = push_b_again
+    assert node.runs.slots.try_acquire()  # no slot: each is queued alone, none placed at once
     asyncio.run(node.sched.reconcile_tasks("r", ids))
     assert len(store.batches) == 1  # tried once, refused whole, never retried blindly
     for tid in ids:  # each read again and queued on its own, b on top of the new push

@@ -156,7 +156,12 @@ def test_cancelling_the_runner_task_still_kills_the_tree(tmp_path: Path) -> None
                 log_path=tmp_path / "log",
             )
         )
-        await until(lambda: (tmp_path / "gc.pid").exists())
+        # the shell creates gc.pid before it writes the pid: wait for the pid itself
+        await until(
+            lambda: (
+                (tmp_path / "gc.pid").exists() and (tmp_path / "gc.pid").read_text().endswith("\n")
+            )
+        )
         step.cancel()
         with pytest.raises(asyncio.CancelledError):
             await step

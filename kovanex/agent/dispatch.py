@@ -5,6 +5,7 @@ anti-entropy for whatever bypassed both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -18,8 +19,9 @@ log = logging.getLogger("kovanex.agent")
 # Anti-entropy sweep interval; KOVANEX_SWEEP_S overrides it (tests raise it to prove the
 # watcher alone notices ref writes that bypass the hooks).
 SWEEP_S = float(os.environ.get("KOVANEX_SWEEP_S", "5.0"))
-# A push's ref move wakes us while git is still finishing that push; on 2 cores, starting
-# the task at once slows the push itself. It also coalesces bursts (an atomic push).
+# A ref move the watcher sees may be a push git is still finishing (its other refs, its
+# hook); on 2 cores, starting the task at once slows the push itself. It also coalesces
+# bursts. A post-receive (`Dispatcher.pushed`) needs none: the push's refs are all in.
 SETTLE_S = 0.02
 
 
@@ -40,10 +42,20 @@ class Dispatcher:
         self._announce: set[str] = set()
         self._kick = asyncio.Event()
         self._settle = False
+        self._pushed = asyncio.Event()  # a post-receive came: a settle under way may end
 
     def ran(self, repo: str, task_id: str) -> None:
         """A run ended and freed a slot: no push is in flight, so place at once."""
         self.changed(repo, task_id, settle=False)
+
+    def pushed(self, repo: str, task_id: str) -> None:
+        """A push's post-receive: every ref of that push is in (git runs the hook after its
+        ref transaction), so there is nothing to settle for; only its process exits are
+        left. Acting at once takes SETTLE_S off every task's start (ADR 0109); the
+        watcher's notice of the same push usually comes first, during the push, and its
+        settle ends here."""
+        self.changed(repo, task_id, settle=False)
+        self._pushed.set()
 
     def ref_moved(self, repo: str, task_id: str | None) -> None:
         """The watcher saw a ref move. Our own write's echo (the tip we just wrote) needs
@@ -77,6 +89,12 @@ class Dispatcher:
             self._dirty[repo].add(task_id)  # type: ignore[union-attr]
         self._kick.set()
 
+    async def settle(self) -> None:
+        """Wait SETTLE_S for a push git may still be finishing, or until a post-receive
+        says its refs are all in, whichever comes first."""
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(self._pushed.wait(), SETTLE_S)
+
     def _tell_replicas(self, repo: str) -> None:
         if self.replicas.has_replicas(repo):
             self.replicas.refs_changed(repo)
@@ -86,7 +104,8 @@ class Dispatcher:
         while True:
             await self._kick.wait()
             if self._settle:
-                await self.clock.sleep(SETTLE_S)
+                await self.settle()
+            self._pushed.clear()  # what it said is in this pass
             self._kick.clear()
             self._settle = False
             dirty, self._dirty = self._dirty, {}

@@ -151,7 +151,7 @@ class PushHandler:
             if tid is None or u.new == ZERO:
                 continue
             self.scheduler.push_opts.setdefault((repo, tid, u.new), options)
-            self.dispatcher.changed(repo, tid)
+            self.dispatcher.pushed(repo, tid)
             what = "skipped (push option skip)" if options.skip else "accepted"
             msgs.append(
                 f"kovanex: task {tid} {what} by {self.ctx.name}; "

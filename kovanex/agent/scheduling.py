@@ -273,8 +273,50 @@ class TaskScheduler:
                     record_push(ledger, [RefUpdate("", view.tip, task_ref(task_id))], opts)
                 skipped = is_skipped(ledger, task_id, view.tip)
             effects = self._observe(repo, view, skipped)
+            if effects == [QueueSubmission(repo, task_id)] and self._place_at_once(
+                repo, view, opts
+            ):
+                continue  # queued, placed and running: read the branch again
             if not effects or not self._execute(repo, effects, opts):
                 return
+
+    def _place_at_once(self, repo: str, view: taskcore.TaskView, opts: PushOptions | None) -> bool:
+        """Queue, place and start a fresh submission in one chain (ADR 0108) when it finds
+        a slot here, its grant and no task waiting before it; False when it does not, or
+        when the chain was refused (the caller then queues it alone, as before). It runs
+        under the task's lock with no await, so no other decision comes in between; a
+        SERVER's placement (storage role) asks over the network: that takes the queue."""
+        if self.ctx.cfg.role == "storage" or self.runs.slots.free == 0:
+            return False
+        ledger = self.repos.ledger(repo)
+        prio = opts.priority if opts is not None else None
+        who = opts.pusher if opts is not None else None
+        queued = queued_transition(ledger, view, prio, self.ctx.cfg.limits, who)
+        if queued is None:
+            return False  # skipped, or an invalid spec: queue_submission says why
+        try:
+            spec = specmod.load_spec(
+                ledger.spec_bytes(view.task_id) or b"", specmod.SPEC_PATH, self.ctx.cfg.limits
+            )
+        except specmod.SpecError:
+            return False  # the usual path queues it and says why it cannot run
+        grant = self.grant(spec, repo)
+        if grant is None:
+            return False
+        t0 = self.ctx.clock.monotonic()
+        rr = self.placer.rr
+        decision = self.placer.decide(repo, view.task_id, spec)
+        if grant and decision.node:
+            decision = replace(decision, extra={**decision.extra, **grant})
+        effects = self.core.place_fresh(repo, view, queued, decision, slot_free=True)
+        if not effects or not self.runs.slots.try_acquire():
+            self.placer.rr = rr  # a decision not acted on leaves the round-robin as it was
+            return False
+        if not self._execute(repo, effects, request=spec.request(repo, view.task_id)):
+            self.runs.slots.release()  # refused whole (moved, stale epoch or term): the
+            return False  # caller's `queued` alone re-reads the branch and decides again
+        self.on_placed(self.ctx.clock.monotonic() - t0)
+        return True
 
     # -- placement ---------------------------------------------------------------------
     async def schedule_pending(self) -> None:

@@ -130,6 +130,36 @@ class Scheduler:
         then = Assign(repo, view.task_id, decision.node, tr.epoch)
         return [WriteRef(repo, view.task_id, tr, view.tip), then]
 
+    def place_fresh(
+        self,
+        repo: str,
+        view: taskcore.TaskView,
+        queued: taskcore.Transition,
+        decision: Decision,
+        *,
+        slot_free: bool,
+    ) -> list[Effect]:
+        """A fresh submission that finds a local slot and its grant in hand: `queued`,
+        `placed` and `running` are all known at once, so they are one chain, one CAS
+        (ADR 0108). [] leaves it to the usual path (`queued` alone, placed by a pass):
+        no slot here, a placement elsewhere or none, or a task already waiting that this
+        one must not overtake (same or higher priority; `order` would place it first)."""
+        if view.state != taskcore.SUBMITTED or queued.state != taskcore.QUEUED:
+            return []
+        if decision.waiting or decision.node != self.node or not slot_free:
+            return []
+        prio = int(queued.extra.get("Priority", DEFAULT_PRIORITY))
+        if any(p >= prio for _, p in self.pending.values()):
+            return []
+        self.pending.pop((repo, view.task_id), None)
+        in_queue = taskcore.apply(view, "", queued)
+        placed = taskcore.place(in_queue, self.node, decision.extra)
+        running = taskcore.start(taskcore.apply(in_queue, "", placed), self.node, placed.epoch)
+        return [
+            WriteRef(repo, view.task_id, queued, view.tip, then=(placed, running)),
+            StartRun(repo, view.task_id, placed.epoch),
+        ]
+
 
 def requeue_held_by(repo: str, view: taskcore.TaskView, failed: str) -> list[Effect]:
     """A failed node's lease goes back to the queue under a new epoch: the next holder

@@ -16,15 +16,13 @@ import os
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kovanex.inputlimits import DEFAULT as DEFAULT_LIMITS
-from kovanex.proc import group_members, kill_sync, signal_group
+from kovanex.proc import PIDFD, Child, group_members, signal_group, start_child
 from kovanex.runner import taskdirs, units
 from kovanex.runner.limits import (
     CGROUP_V1,
@@ -101,48 +99,6 @@ def step_env(
     return env
 
 
-class _Child:
-    """A spawned step whose exit is a pidfd readiness event on the running loop.
-
-    asyncio's subprocess machinery costs more than the step itself for short steps:
-    uvloop (the agent's loop) fork()s the whole agent, copying its page tables, and
-    the stdlib loop starts a waitpid thread per child (ThreadedChildWatcher on 3.11).
-    subprocess.Popen vfork()s when there is no preexec_fn, and a pidfd needs no
-    thread and no SIGCHLD handler. Mirrors the slice of asyncio.subprocess.Process
-    that run_step uses: pid, returncode, wait().
-    """
-
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int) -> None:
-        self._popen = popen  # held until reaped, so subprocess._cleanup() never reaps it
-        self.pid = popen.pid
-        self.returncode: int | None = None
-        self._pidfd = pidfd
-        self._loop = asyncio.get_running_loop()
-        self._exited: asyncio.Future[int] = self._loop.create_future()
-        self._loop.add_reader(pidfd, self._reap)
-
-    def _reap(self) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped behind our back: the exit status is lost
-            pid, status = self.pid, 255 << 8
-        if pid == 0:
-            return
-        self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
-        self.close()
-        if not self._exited.done():
-            self._exited.set_result(self.returncode)
-
-    def close(self) -> None:
-        if self._pidfd >= 0:
-            self._loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = -1
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
-
-
 async def _spawn(
     command: str,
     *,
@@ -153,7 +109,7 @@ async def _spawn(
     fast: bool,
     hide: list[Path] | None = None,
     unit: Unit | None = None,
-) -> _Child | asyncio.subprocess.Process:
+) -> Child | asyncio.subprocess.Process:
     """Start `/bin/sh -c command` in its own session, writing into `fd`."""
     argv, preexec = applied.argv(command, env)
     env = applied.spawn_env(env)
@@ -162,40 +118,19 @@ async def _spawn(
     if hide:  # the namespace wrapper runs as the agent: it gets no byte of the step's env
         argv = hidden(hide, [ENV, "-i", *(f"{k}={v}" for k, v in env.items()), *argv])
         env = dict(ROOT_ENV)
-    if fast and _PIDFD:
-
-        def start() -> tuple[subprocess.Popen[bytes], int]:
-            popen = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=applied.stdin(),
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
-            try:
-                return popen, os.pidfd_open(popen.pid)
-            except OSError:
-                # Probed at import, so this is an fd shortage: never leave a child untracked.
-                kill_sync(popen)
-                raise
-
-        # Popen returns only once the child has exec'd; on a busy host that is
-        # milliseconds of waiting for the child to be scheduled. In a worker thread
-        # the event loop (every other task's steps and ledger writes) goes on meanwhile.
-        started = asyncio.get_running_loop().run_in_executor(_spawner(), start)
-        try:
-            popen, pidfd = await asyncio.shield(started)
-        except asyncio.CancelledError:
-            # Cancelled mid-spawn: the child may exist already; it must not outlive us.
-            with contextlib.suppress(BaseException):
-                popen, pidfd = await started
-                os.close(pidfd)
-                kill_sync(popen)
-            raise
-        return _Child(popen, pidfd)
+    if fast and PIDFD:
+        # vfork + a pidfd on the loop (proc.Child): asyncio's subprocess machinery costs
+        # more than a short step itself (uvloop forks the whole agent; the stdlib loop
+        # starts a waitpid thread per child)
+        return await start_child(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=applied.stdin(),
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            preexec_fn=preexec,
+        )
     return await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -208,29 +143,7 @@ async def _spawn(
     )
 
 
-_Proc = _Child | ZChild | asyncio.subprocess.Process
-_spawn_pool: ThreadPoolExecutor | None = None
-_spawn_pool_lock = threading.Lock()
-
-
-def _spawner() -> ThreadPoolExecutor:
-    """Own threads for spawning, so long worktree jobs in the default pool never delay a step."""
-    global _spawn_pool
-    with _spawn_pool_lock:
-        if _spawn_pool is None:
-            _spawn_pool = ThreadPoolExecutor(4, thread_name_prefix="kovanex-spawn")
-        return _spawn_pool
-
-
-def _pidfd_works() -> bool:
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
-_PIDFD = _pidfd_works()
+_Proc = Child | ZChild | asyncio.subprocess.Process
 
 
 def _signal_tree(pgid: int, applied: Applied, sig: int) -> None:
@@ -322,7 +235,7 @@ async def run_step(
     node's cap (logsink.py), so followers see output as soon as the child flushes
     it, and a busy event loop can never stall a chatty step. `timeout_s` may be math.inf (services).
     `fast_spawn=False` uses asyncio's subprocess machinery instead of vfork + pidfd
-    (see _Child); it is the fallback where pidfd is missing, and the benchmark's
+    (see proc.Child); it is the fallback where pidfd is missing, and the benchmark's
     baseline. With a compute `unit`, the step runs as the unit's uid inside the
     unit's cgroup (see units.py). `hide`: dirs covered by an empty tmpfs in a mount
     namespace, the isolation left without root (units.hidden). `zygote`: with a unit,
@@ -419,7 +332,7 @@ async def run_step(
         for t in (waiter, canceller):
             if t is not None and not t.done():
                 t.cancel()
-        if isinstance(proc, _Child):
+        if isinstance(proc, Child):
             proc.close()
         await asyncio.shield(applied.close())
         await asyncio.shield(sink.aclose())

@@ -341,16 +341,27 @@ def _commits_upto(store: pygit2.Repository, commit: str, most: int) -> list[pygi
 
 
 def _pack_by_git(bare: Path, commit: str, pack_dir: Path) -> None:
-    """`git pack-objects --revs` writes the pack and its index into `pack_dir` itself;
-    no delta search (`--window=0`): the pack is read once, on this host."""
-    out = subprocess.run(
-        _node_git(bare, "pack-objects", "--revs", "-q", "--window=0", str(pack_dir / "pack")),
-        input=f"{commit}\n".encode(),
-        capture_output=True,
-        env=_node_env(),
-    )
-    if out.returncode != 0:
-        raise OSError(f"pack-objects {commit}: {out.stderr.decode(errors='replace').strip()}")
+    """`git pack-objects --revs` writes the pack and its index; no delta search
+    (`--window=0`): the pack is read once, on this host. git makes its temp files in the
+    node repo's objects dir and renames them to the name it is given, which fails across
+    filesystems (EXDEV), and a task's dir is its own mount under a disk cap (ADR 0074):
+    so git names them in a scratch dir beside its temp files, and they are moved over."""
+    scratch = Path(tempfile.mkdtemp(prefix="kovanex-pack-", dir=bare / "objects"))
+    try:
+        out = subprocess.run(
+            _node_git(bare, "pack-objects", "--revs", "-q", "--window=0", str(scratch / "pack")),
+            input=f"{commit}\n".encode(),
+            capture_output=True,
+            env=_node_env(),
+        )
+        if out.returncode != 0:
+            why = out.stderr.decode(errors="replace").strip()
+            raise OSError(f"pack-objects {commit}: {why}")
+        # the index last: git reads a pack only once its .idx is there
+        for made in sorted(scratch.iterdir(), key=lambda p: p.suffix == ".idx"):
+            shutil.move(made, pack_dir / made.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class SnapshotTooLarge(WorktreeError):
