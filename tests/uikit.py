@@ -155,9 +155,10 @@ approvals = {approvals}
 """
 
 
-def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int) -> None:
+def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int) -> str:
     """A repo whose main declares one environment, dev, with a gate and `approvals`
-    approvals, then tag v1 pushed over HTTP as `token`: promotion dev/v1 opens."""
+    approvals, then tag v1 pushed over HTTP as `token`: promotion dev/v1 opens. Returns
+    the push's report (its stderr)."""
     from tests.test_e2e_promotion import _url
 
     node.kx("repo", "create", repo)
@@ -170,4 +171,4 @@ def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int
     git("commit", "-qm", "environments", cwd=dest)
     git("push", "-q", "origin", "main", cwd=dest)
     git("tag", "v1", cwd=dest)
-    git("push", "-q", "origin", "v1", cwd=dest)
+    return git("push", "-q", "origin", "v1", cwd=dest).stderr
