@@ -207,3 +207,14 @@ def trailers_of(repo: Path, rev: str) -> list[dict[str, str]]:
 def fsck(repo: Path) -> None:
     p = git("fsck", "--strict", "--no-dangling", cwd=repo, check=False)
     assert p.returncode == 0, f"git fsck failed in {repo}: {p.stdout}{p.stderr}"
+
+
+def together(*calls: Callable[[], Any]) -> list[Any]:
+    """Run independent blocking calls (`kovanex init`s, agent starts that join one seed)
+    at once, each on a thread, and return their results in order; the first error is
+    raised once all are done. Their waits overlap instead of adding up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+        futures = [pool.submit(c) for c in calls]
+    return [f.result() for f in futures]

@@ -3,6 +3,7 @@ runner is killed with -9 mid-step, and the task resumes on another node."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests.agentkit import (
     fsck,
     git,
     process_gone,
+    together,
     trailers_of,
     wait_for,
 )
@@ -24,10 +26,23 @@ TOKEN = "t0ken-for-tests"
 
 
 def cluster(tmp_path: Path, pools: dict[str, str]) -> list[Node]:
-    nodes = [
-        Node(tmp_path, name, "--profile", "local", "--token", TOKEN, "--labels", f"pool={pool}")
-        for name, pool in pools.items()
-    ]
+    """Agents started in order (each joins the first); their `kovanex init`s run at once."""
+    nodes = together(
+        *(
+            functools.partial(
+                Node,
+                tmp_path,
+                name,
+                "--profile",
+                "local",
+                "--token",
+                TOKEN,
+                "--labels",
+                f"pool={pool}",
+            )  # fmt: skip
+            for name, pool in pools.items()
+        )
+    )
     seed = nodes[0]
     bind = (seed.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
     seed.start()

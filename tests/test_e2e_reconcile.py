@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agentkit import Node, clone_with_task, fsck, git, trailers_of, wait_for
+from tests.agentkit import Node, clone_with_task, fsck, git, together, trailers_of, wait_for
 from tests.test_e2e_multinode import cluster
 
 ON_A = '[placement]\nlabels = { pool = "a" }\n[[steps]]\nname = "s"\nrun = "echo a"\n'
@@ -131,5 +131,4 @@ def test_async_owner_cut_off_both_sides_push_heal_reconciles(tmp_path: Path) -> 
             fsck(n.repo("demo"))
     finally:
         signal_all([n for n in stopped if n.proc is not None], signal.SIGCONT)
-        for n in nodes:
-            n.stop()
+        together(*(n.stop for n in nodes))

@@ -154,3 +154,34 @@ def test_owner_killed_replica_takes_over_and_old_owner_rejoins_as_replica(
             if n.proc is not None:
                 n.proc.send_signal(signal.SIGCONT)
             n.stop()
+
+
+def test_a_fresh_replica_answers_reads_of_its_repo_itself(tmp_path: Path) -> None:
+    """A replica made at run time is in the node's repo index at once, so a read of the
+    repo is answered from this copy, not forwarded to the owner (a frozen owner held such
+    a read for the forward's 30 s). The sweep, which also re-lists the repos, is pushed
+    out of the test's reach: only the creation itself can list the copy."""
+    from kovanex import config as cfgmod
+    from kovanex.client import Client
+
+    seed = Node(tmp_path, "fr1", "--profile", "local", "--token", "t0ken-fresh")
+    other = Node(tmp_path, "fr2", "--profile", "local", "--token", "t0ken-fresh")
+    seed.start()
+    try:
+        bind = (seed.data / "kovanex.toml").read_text().split('bind = "')[1].split('"')[0]
+        other.start("--join", bind, env={"KOVANEX_SWEEP_S": "3600"})
+        wait_for(lambda: len(seed.kx("members").stdout.splitlines()) == 3, 30, "2 members")
+        seed.kx("repo", "create", "demo")
+        seed.kx("repo", "replication", "demo", "async", "--replicas", "1")
+        wait_for(other.repo("demo").exists, 30, "the replica on fr2")
+        c = Client.for_node(cfgmod.Layout(other.data))
+        try:
+            st, headers, body = c.request("GET", "/v1/repos/demo/replication")
+        finally:
+            c.close()
+        assert st == 200 and json.loads(body)["owner"] == "fr1", body
+        forwarded = {k.lower(): v for k, v in headers.items()}.get("x-kovanex-forwarded-to")
+        assert forwarded is None, f"fr2 holds a copy but forwarded the read to {forwarded}"
+    finally:
+        other.stop()
+        seed.stop()

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from kovanex.runner import units as unitsmod
-from tests.agentkit import Node, clone_with_task, exchange_dir, git, needs_root, wait_for
+from tests.agentkit import (
+    UNITS_BASE,
+    Node,
+    clone_with_task,
+    exchange_dir,
+    git,
+    needs_root,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -130,10 +138,14 @@ def test_namespace_mode_hides_the_secret_from_a_pushed_step(tmp_path: Path) -> N
         token = token_path.read_text().strip()
         assert "isolation namespace:" in node.kx("status").stdout
         res = exchange_dir() / "out"
+        # find walks every dir this node writes (its data dir, the clone, the unit base),
+        # not all of /: the host holds a cluster.token per test node ever run, and a walk
+        # of / took most of this test's minute without searching anywhere the node writes.
+        where = f"{tmp_path} {UNITS_BASE}"
         spec = f"""
 [[steps]]
 name = "probe"
-run = "cat {token_path} > {res} 2>&1; find / -name cluster.token 2>/dev/null | xargs -r cat >> {res}; umount {token_path.parent} >> {res} 2>&1; echo end >> {res}"
+run = "cat {token_path} > {res} 2>&1; find {where} -name cluster.token 2>/dev/null | xargs -r cat >> {res}; umount {token_path.parent} >> {res} 2>&1; echo end >> {res}"
 timeout_s = 120
 """
         clone = clone_with_task(node, "demo", tmp_path / "c", "ns-1", spec)

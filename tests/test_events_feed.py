@@ -9,9 +9,11 @@ instead of silence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +60,7 @@ class Stream:
             path or "/v1/events",
             headers={"Authorization": f"Bearer {c.token}", **(headers or {})},
         )
+        self.sock = self.conn.sock  # getresponse may hand it to the response alone
         self.resp = self.conn.getresponse()
         self.status = self.resp.status
         self.q: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -84,6 +87,11 @@ class Stream:
         return self.got
 
     def close(self) -> None:
+        """Shut the socket down first: the reader thread sits in readline holding the
+        response's buffer lock, and a bare close would wait for it (each heartbeat lets
+        it read on, so up to the 120 s socket timeout); EOF ends its read at once."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.conn.close()
 
 

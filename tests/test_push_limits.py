@@ -33,26 +33,35 @@ def with_limits(node: Node, **limits: int) -> Node:
     return node
 
 
-@pytest.fixture(params=["agent", "hook-only"])
-def node(request: pytest.FixtureRequest, tmp_path: Path):
-    """The fast path (the agent answers the hook) and the slow path (agent down): same verdict."""
-    n = with_limits(Node(tmp_path, f"lim-{secrets.token_hex(3)}"), **TIGHT)
+@pytest.fixture(scope="module", params=["agent", "hook-only"])
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The fast path (the agent answers the hook) and the slow path (agent down): same verdict.
+    One node per path for the module (limits are the node's): each test pushes to a repo
+    of its own (`repo`), so what one test wrote is never in another's way."""
+    root = tmp_path_factory.mktemp("lim")
+    n = with_limits(Node(root, f"lim-{secrets.token_hex(3)}"), **TIGHT)
     if request.param == "agent":
         n.start()
     yield n
     n.stop()
 
 
-def refused(node: Node, clone: Path, named: str, ref: str = "task/big") -> str:
+@pytest.fixture
+def repo() -> str:
+    """A repo name of this test's own on the shared node."""
+    return f"r-{secrets.token_hex(4)}"
+
+
+def refused(node: Node, repo: str, clone: Path, named: str, ref: str = "task/big") -> str:
     """Push and check the refusal: the limit named, no traceback, and nothing written."""
     tip = git("rev-parse", "HEAD", cwd=clone).stdout.strip()
     push = git("push", "origin", f"HEAD:refs/heads/{ref}", cwd=clone, check=False)
     assert push.returncode != 0, push.stderr
     assert named in push.stderr, push.stderr
     assert "Traceback" not in push.stderr and "RecursionError" not in push.stderr, push.stderr
-    refs = git("for-each-ref", "--format=%(refname)", cwd=node.repo("demo")).stdout
+    refs = git("for-each-ref", "--format=%(refname)", cwd=node.repo(repo)).stdout
     assert ref not in refs
-    assert git("cat-file", "-e", tip, cwd=node.repo("demo"), check=False).returncode != 0
+    assert git("cat-file", "-e", tip, cwd=node.repo(repo), check=False).returncode != 0
     return push.stderr
 
 
@@ -63,13 +72,15 @@ def test_defaults_are_the_documented_ones() -> None:
     assert d.pack_bytes >= d.object_bytes  # an object within its limit fits in a pack
 
 
-def test_a_20mb_commit_message_is_refused_naming_the_64k_limit(node: Node, tmp_path: Path) -> None:
-    clone = clone_with_task(node, "demo", tmp_path / "c", "big", OK_STEP)
+def test_a_20mb_commit_message_is_refused_naming_the_64k_limit(
+    node: Node, repo: str, tmp_path: Path
+) -> None:
+    clone = clone_with_task(node, repo, tmp_path / "c", "big", OK_STEP)
     msg = tmp_path / "msg"
     msg.write_text("subject\n\n" + "x" * (20 * MIB))
     git("commit", "-q", "--allow-empty", "-F", str(msg), cwd=clone)
     err = refused(
-        node, clone, "its message is 20.0 MiB; the limit is 64 KiB (limits.message_bytes)"
+        node, repo, clone, "its message is 20.0 MiB; the limit is 64 KiB (limits.message_bytes)"
     )
     assert err.count("limits.message_bytes") == 1
     # a message just within the limit goes through
@@ -79,44 +90,46 @@ def test_a_20mb_commit_message_is_refused_naming_the_64k_limit(node: Node, tmp_p
     assert git("push", "origin", "task/big", cwd=clone).returncode == 0
 
 
-def test_more_commits_than_the_limit_are_refused(node: Node, tmp_path: Path) -> None:
-    clone = clone_with_task(node, "demo", tmp_path / "c", "big", OK_STEP)
+def test_more_commits_than_the_limit_are_refused(node: Node, repo: str, tmp_path: Path) -> None:
+    clone = clone_with_task(node, repo, tmp_path / "c", "big", OK_STEP)
     for i in range(5):
         git("commit", "-q", "--allow-empty", "-m", f"c{i}", cwd=clone)
-    refused(node, clone, "this push carries 6 commits; the limit is 5 commits per push "
+    refused(node, repo, clone, "this push carries 6 commits; the limit is 5 commits per push "
             "(limits.push_commits)")  # fmt: skip
     push = git("push", "origin", "HEAD~1:refs/heads/task/big", cwd=clone, check=False)
     assert push.returncode == 0, push.stderr  # five: within the limit
 
 
-def test_an_object_over_the_limit_is_refused(node: Node, tmp_path: Path) -> None:
+def test_an_object_over_the_limit_is_refused(node: Node, repo: str, tmp_path: Path) -> None:
     blob = "y" * (1 * MIB + 1)  # compresses to nothing: the pack is small, the object not
-    clone = clone_with_task(node, "demo", tmp_path / "c", "big", OK_STEP, {"big.txt": blob})
-    refused(node, clone, "is 1.0 MiB; the limit is 1 MiB per object (limits.object_bytes)")
+    clone = clone_with_task(node, repo, tmp_path / "c", "big", OK_STEP, {"big.txt": blob})
+    refused(node, repo, clone, "is 1.0 MiB; the limit is 1 MiB per object (limits.object_bytes)")
 
 
-def test_a_pack_over_the_limit_is_refused_by_git_itself(node: Node, tmp_path: Path) -> None:
+def test_a_pack_over_the_limit_is_refused_by_git_itself(
+    node: Node, repo: str, tmp_path: Path
+) -> None:
     """limits.pack_bytes is receive.maxInputSize, set on the repo at `repo create` and at
     agent start: git stops reading the pack before any hook runs."""
-    clone = clone_with_task(node, "demo", tmp_path / "c", "big", OK_STEP)
+    clone = clone_with_task(node, repo, tmp_path / "c", "big", OK_STEP)
     for i in range(3):  # three incompressible 900 KB files: each within object_bytes
         (clone / f"r{i}.bin").write_bytes(os.urandom(900 * KIB))
     git("add", "-A", cwd=clone)
     git("commit", "-q", "-m", "random", cwd=clone)
-    conf = git("config", "receive.maxInputSize", cwd=node.repo("demo")).stdout.strip()
+    conf = git("config", "receive.maxInputSize", cwd=node.repo(repo)).stdout.strip()
     assert conf == str(2 * MIB)
-    refused(node, clone, "pack exceeds maximum allowed size")
+    refused(node, repo, clone, "pack exceeds maximum allowed size")
 
 
 @pytest.mark.parametrize(
     "text", [DEEP_ARRAY, DEEP_TABLE, DEEP_KEYS], ids=["array", "table", "keys"]
 )
 def test_a_spec_nested_50000_deep_is_refused_without_a_traceback(
-    node: Node, tmp_path: Path, text: str
+    node: Node, repo: str, tmp_path: Path, text: str
 ) -> None:
     assert len(text.encode()) < 256 * KIB  # under the size limit: depth is what refuses it
-    clone = clone_with_task(node, "demo", tmp_path / "c", "big", text)
-    err = refused(node, clone, "nested deeper than 64 levels")
+    clone = clone_with_task(node, repo, tmp_path / "c", "big", text)
+    err = refused(node, repo, clone, "nested deeper than 64 levels")
     assert "(limits.nesting_depth)" in err
 
 

@@ -1,8 +1,9 @@
 """Issue 22 part 3: a unit's bounds hold by default, tried as pushed steps would try them.
 
 Each test runs the attack as a task's step on a real agent and fails on an unbounded
-unit: a fork flood past the pids cap, a re-forker that outlives its step, and a 300 MB
-snapshot. The bounds are the defaults of `[units]` (ADR 0072)."""
+unit: a fork flood past the pids cap, a re-forker that outlives its step, and a snapshot
+past its bound (the issue's was 300 MB; 80 MB of random bytes pass the 50 MiB default as
+surely, for a quarter of the hashing). The bounds are the defaults of `[units]` (ADR 0072)."""
 
 from __future__ import annotations
 
@@ -134,11 +135,14 @@ def test_a_kill_freezes_the_unit_before_it_signals(tmp_path: Path, monkeypatch) 
         taskdirs.remove_units([unit], delete_users=True)
 
 
-def test_a_300_mb_snapshot_fails_the_task_and_writes_nothing(node: Node, tmp_path: Path) -> None:
+def test_a_snapshot_past_the_bound_fails_the_task_and_writes_nothing(
+    node: Node, tmp_path: Path
+) -> None:
+    # random bytes do not deflate: the pack is as big as the file, past the 50 MiB default
     spec = """
 [[steps]]
 name = "big"
-run = "head -c 300000000 /dev/urandom > big.bin"
+run = "head -c 80000000 /dev/urandom > big.bin"
 timeout_s = 120
 """
     clone = clone_with_task(node, "demo", tmp_path / "c", "big", spec)

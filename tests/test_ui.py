@@ -251,7 +251,10 @@ def test_environments_show_gate_verdicts_and_approvals_per_promotion(
     """ListEnvironments as a table: the waiting promotion's gate verdict links its gate task
     (and that task's state), approvals read `N of M: who`, and Approve adds one."""
     n, port = agent["node"], agent["port"]
-    tagged_release(n, "rel", tmp_path / "rel", agent["admin"], approvals=2)
+    report = tagged_release(n, "rel", tmp_path / "rel", agent["admin"], approvals=2)
+    # the push reports up to the approval wait, then returns saying how to approve
+    assert "unit_tests passed" in report and "waiting for approval (0 of 2)" in report, report
+    assert "kovanex: dev/v1 waits for approval: kovanex approve dev/v1" in report, report
     cookie = login_cookie(port, agent["admin"])
 
     def page() -> bytes:

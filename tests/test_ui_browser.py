@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.agentkit import clone_with_task, git, wait_for
+from tests.agentkit import clone_with_task, git, together, wait_for
 from tests.uikit import (
     admin_token,
     browser_login,
@@ -49,8 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             "token": admin_token(nodes[0], "dash"),
         }
     finally:
-        for n in nodes:
-            n.stop()
+        together(*(n.stop for n in nodes))
 
 
 @pytest.fixture(scope="module")

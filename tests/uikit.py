@@ -3,6 +3,7 @@ env labels, a logged-in headless Chromium (Debian's, through chromedriver), HTTP
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
 import shutil
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.agentkit import Node, git, wait_for
+from tests.agentkit import Node, git, together, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -80,14 +81,28 @@ def start_cluster(root: Path, names: tuple[str, str, str]) -> list[Node]:
     first = Node(root, names[0], "--profile", "local", "--labels", f"env={envs[0]}")
     shared = root / "cluster-token"  # one cluster secret: gossip refuses strangers
     shared.write_text(cfgmod.Layout(first.data).token_file.read_text())
-    nodes = [first] + [
-        Node(root, n, "--profile", "local", "--labels", f"env={e}", "--token-file", str(shared))
-        for n, e in zip(names[1:], envs[1:], strict=True)
-    ]
+    nodes = (
+        [first]
+        + together(
+            *(
+                functools.partial(
+                    Node,
+                    root,
+                    n,
+                    "--profile",
+                    "local",
+                    "--labels",
+                    f"env={e}",
+                    "--token-file",
+                    str(shared),
+                )  # fmt: skip
+                for n, e in zip(names[1:], envs[1:], strict=True)
+            )
+        )
+    )
     try:
-        nodes[0].start()
-        for n in nodes[1:]:
-            n.start("--join", gossip_bind(nodes[0]))
+        nodes[0].start()  # the seed first; the other two join it at once
+        together(*(functools.partial(n.start, "--join", gossip_bind(nodes[0])) for n in nodes[1:]))
         wait_for(lambda: alive_count(nodes[0]) == 3, 60, "all three agents alive")
     except BaseException:
         for n in nodes:
@@ -155,9 +170,10 @@ approvals = {approvals}
 """
 
 
-def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int) -> None:
+def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int) -> str:
     """A repo whose main declares one environment, dev, with a gate and `approvals`
-    approvals, then tag v1 pushed over HTTP as `token`: promotion dev/v1 opens."""
+    approvals, then tag v1 pushed over HTTP as `token`: promotion dev/v1 opens. Returns
+    the push's report (its stderr)."""
     from tests.test_e2e_promotion import _url
 
     node.kx("repo", "create", repo)
@@ -170,4 +186,4 @@ def tagged_release(node: Node, repo: str, dest: Path, token: str, approvals: int
     git("commit", "-qm", "environments", cwd=dest)
     git("push", "-q", "origin", "main", cwd=dest)
     git("tag", "v1", cwd=dest)
-    git("push", "-q", "origin", "v1", cwd=dest)
+    return git("push", "-q", "origin", "v1", cwd=dest).stderr

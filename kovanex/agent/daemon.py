@@ -224,7 +224,7 @@ class Agent:
             gossip=gossip,
             token=ctx.token,
             http_url=self.http_url,
-            install_hooks=lambda path: prepare_repo(path, layout.root, cfg.limits.pack_bytes),
+            install_hooks=lambda path: self._copy_made(path, layout.root, cfg.limits.pack_bytes),
             on_owned=self._on_owned,
             clock=ctx.clock,
             broken=self.repos.broken,  # one record of the broken repos
@@ -366,6 +366,14 @@ class Agent:
 
     def _on_member_event(self, topic: str, member: MemberInfo) -> None:
         self.failover.on_member_event(topic, member)
+
+    def _copy_made(self, path: Path, root: Path, pack_bytes: int) -> None:
+        """A replica's bare repo was just made here: its hooks go in, and the repo index
+        lists it now, so a read of it is answered from this copy; until the next sweep it
+        was forwarded to the owner, which may be the node that just stopped answering
+        (the read then hung for the forward's 30 s)."""
+        prepare_repo(path, root, pack_bytes)
+        self.repos.refresh()
 
     def _on_owned(self, repo: str) -> None:
         """We took over a repo (its owner failed): adopt its tasks under our ownership."""

@@ -253,7 +253,8 @@ class Promotions:
         self, repo: str, updates: list[RefUpdate], emit: Callable[[str], None] | None
     ) -> list[str]:
         """A release tag or promote/<version> ref was pushed: stream its promotion's report
-        until it settles or FOLLOW_S passes, then say how to follow it."""
+        until it settles, waits for an approval (say how to give it) or FOLLOW_S passes
+        (say how to follow it)."""
         named = [u for u in updates if u.new != ZERO and refs.release_version_of(u.ref)]
         if not named or not self.replicas.is_owner(repo):
             return []
@@ -297,6 +298,15 @@ class Promotions:
                 return [f"kovanex: {e}" for e in self.errors[repo]]
             if promos and all(p.status not in ps.LIVE for p in promos) and not self.busy.get(repo):
                 return []
+            waiting = [p for p in promos if p.status == ps.WAITING]
+            if (
+                waiting
+                and not self.busy.get(repo)
+                and all(p.status not in ps.LIVE or p.status == ps.WAITING for p in promos)
+            ):  # only a person moves it on now: holding the push to FOLLOW_S shows nothing
+                return [
+                    f"kovanex: {p.id} waits for approval: kovanex approve {p.id}" for p in waiting
+                ]
             if self.ctx.clock.monotonic() > deadline:
                 live = [p.id for p in promos if p.status in ps.LIVE]
                 return [
