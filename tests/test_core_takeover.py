@@ -175,3 +175,18 @@ def test_bad_inputs_are_refused() -> None:
         Member("n1", status="gone")
     with pytest.raises(TypeError, match="not a takeover event"):
         decide(node_state("n1"), "tick", T0)  # type: ignore[arg-type]
+
+
+def test_a_member_back_from_dead_gets_our_owner_records_afresh() -> None:
+    """Issue 25 bug 3 (KOVANEX_SEED=10): n1 was cut off while n2 took `r` over; the
+    takeover's broadcast spent its retransmits meanwhile, so n1 would believe it owns `r`
+    until the next push-pull. The owner re-announces what it owns when n1 joins again."""
+    mine = ownership("n2", 2, "n3")
+    other = ownership("n3", 1, "n2")
+    s = node_state("n2", "n1 n2 n3", known={"r": mine, "q": other})
+    assert decide(s, MemberChanged("n1", "alive", joined=True), T0) == [PublishOwner("r", mine)]
+    # a mere update (meta, a refuted suspicion) republishes nothing: it missed nothing
+    assert decide(s, MemberChanged("n1", "alive"), T0) == []
+    # a bystander has nothing of its own to announce
+    bystander = node_state("n3", "n1 n2 n3", known={"r": mine})
+    assert decide(bystander, MemberChanged("n1", "alive", joined=True), T0) == []

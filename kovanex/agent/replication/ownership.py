@@ -210,8 +210,11 @@ class OwnershipService:
         status = _STATUS_OF_TOPIC.get(topic, payload.status)
         now = self.rt.clock.monotonic()
         state = self.peers.state(self.settle_s)
-        for eff in decider.on_member_changed(state, payload.name, status, now):
-            if isinstance(eff, decider.Recheck):
+        joined = topic == "member-join"
+        for eff in decider.on_member_changed(state, payload.name, status, now, joined):
+            if isinstance(eff, decider.PublishOwner):
+                self.publish(eff.repo)
+            elif isinstance(eff, decider.Recheck):
                 self.rt.spawn(self._recheck(eff.repo, eff.at))
             elif isinstance(eff, decider.PlaceReplicas):
                 self.rt.spawn(self.placer.place(eff.repo))
