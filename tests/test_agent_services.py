@@ -102,6 +102,7 @@ class Node:
             lambda: [node_info("n1", runners_total=slots), *(others or [])],
             self.repos.ledger,
             lambda: "best-fit",
+            clock=self.clock,
         )
 
         class NoServer:
@@ -340,6 +341,52 @@ def test_an_excluded_runner_that_joins_again_gets_the_unschedulable_task_back(
     cleared = [tr for _, tr, _ in n.led.history("t1") if tr and "Excluded-Cleared" in tr.extra]
     assert [tr.extra["Excluded-Cleared"] for tr in cleared] == ["n3"]
     assert [a.node for a in n.assigned] == ["n3", "n3"]
+
+
+def test_an_idle_matching_node_gets_an_excluded_task_back_when_its_exclusion_lapses(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 bug 9 (KOVANEX_SEED=16): n3, the one node with `sast`, missed the
+    placement deadline without ever leaving the cluster (cut off for a moment, a loaded
+    host), so no join lets it back in, and the task stayed unschedulable beside an idle n3.
+    Its exclusion lapses after the placement deadline (10 s here), doubled per lapse."""
+    from kovanex.core import startwatch
+
+    n = Node(tmp_path / "n1", others=[node_info("n3", capabilities=frozenset({"sast"}))])
+    spec = b'[placement]\nrequires = ["sast"]\n[[steps]]\nname = "a"\nrun = "true"\n'
+    submit(n.led, "t1", spec)
+
+    async def miss_the_deadline() -> None:
+        view = n.led.read("t1")
+        assert (view.state, view.node) == ("placed", "n3")
+        tr = startwatch.decide(view, startwatch.watch(view, None, 0.0), 10.0, 10.0, None,
+                               n.placer.excluded("r", "t1"))  # fmt: skip
+        assert tr is not None
+        n.led.append("t1", tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+        n.sched.after_write("r", "t1")
+        await n.sched.schedule_pending()
+        assert n.led.read("t1").state == "unschedulable"
+
+    async def pass_at(seconds: float) -> str:
+        n.clock.advance(seconds)
+        await n.sched.schedule_pending()  # what the sweep runs every few seconds
+        return n.led.read("t1").state
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        await n.sched.schedule_pending()
+        await miss_the_deadline()
+        assert await pass_at(9.0) == "unschedulable"  # the exclusion holds for a deadline
+        assert await pass_at(1.0) == "placed"  # then lapses: n3 is idle and matches
+        assert n.led.read("t1").node == "n3"
+        await miss_the_deadline()  # it fails again: the next lapse waits twice as long
+        assert await pass_at(19.0) == "unschedulable"
+        assert await pass_at(1.0) == "placed"
+
+    asyncio.run(go())
+    cleared = [tr for _, tr, _ in n.led.history("t1") if tr and "Excluded-Cleared" in tr.extra]
+    assert [tr.extra["Excluded-Cleared"] for tr in cleared] == ["n3", "n3"]
+    assert [a.node for a in n.assigned] == ["n3", "n3", "n3"]
 
 
 def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_path: Path) -> None:
