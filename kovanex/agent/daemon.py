@@ -368,6 +368,8 @@ class Agent:
         self.dispatcher.changed("", "")  # a placement pass
 
     def _on_member_event(self, topic: str, member: MemberInfo) -> None:
+        if topic == "member-join":  # it may have missed our assignments while away
+            self.assignments.rejoined(member.name)
         self.failover.on_member_event(topic, member)
 
     def _on_owned(self, repo: str) -> None:
