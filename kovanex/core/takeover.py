@@ -25,7 +25,7 @@ dataclasses below, `NodeState`, `Member`, `Config`. The helpers `on_owner_announ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kovanex.core.replication import MemberView, Ownership, choose_replicas, successor, takeover
@@ -311,6 +311,24 @@ def place(state: NodeState, repo: str) -> list[Effect]:
     return [PlaceReplicas(repo, o, replace(o, replicas=chosen))]
 
 
+def contested(state: NodeState, claims: Mapping[str, Iterable[str]]) -> list[Effect]:
+    """Repos we own that another live member still lists as its own (`claims`: member ->
+    the repos its inventory, gossip topic `repos`, says it owns). It missed our record: the
+    takeover's broadcast spent its retransmits while it was cut off, or gossip, last writer
+    wins by version, kept its own stale record, written later on its clock. Announce ours
+    again each pass until it demotes: every write carries a newer version than any we have
+    seen, so once its values reach us ours win (issue 25 bug 3, KOVANEX_SEED=10)."""
+    mine = [(r, o) for r, o in sorted(state.known.items()) if o.owner == state.me]
+    if not mine:
+        return []
+    rivals = [
+        set(repos)
+        for n, repos in sorted(claims.items())
+        if n != state.me and state.status(n) == "alive"
+    ]
+    return [PublishOwner(r, o) for r, o in mine if any(r in c for c in rivals)]
+
+
 def tick(state: NodeState) -> list[Effect]:
     """Per repo: owned -> placement; replicated with a dead owner -> takeover check;
     replicated with no local copy yet -> create and fetch."""
@@ -352,5 +370,6 @@ __all__ = [
     "place",
     "replica_tips",
     "takeover_due",
+    "contested",
     "tick",
 ]

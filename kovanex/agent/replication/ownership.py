@@ -304,6 +304,21 @@ class OwnershipService:
             gitcli.update_ref_cas(path, [(sref, None, oid)])
         return out
 
+    async def contest(self) -> None:
+        """Each second: re-announce the repos we own that a live member still lists as its
+        own (core: takeover.contested); a stale owner then demotes within a gossip round."""
+        mine = {r for r, o in self.rt.known.items() if o.owner == self.rt.node}
+        claims: dict[str, list[str]] = {}
+        for node, inv in self.rt.gossip.items("repos").items():
+            owned = inv.get("owned") if isinstance(inv, dict) else None
+            if node != self.rt.node and isinstance(owned, list):
+                claims[str(node)] = [str(r) for r in owned if r in mine]
+        if not any(claims.values()):
+            return  # the usual case: nobody else claims ours (no full state read)
+        for eff in decider.contested(self.peers.state(self.settle_s), claims):
+            if isinstance(eff, decider.PublishOwner):
+                self.publish(eff.repo)
+
     # -- the anti-entropy pass -----------------------------------------------------------
     async def tick(self) -> None:
         """Takeovers missed by events, missed copies, then for every repo we replicate:
