@@ -432,3 +432,50 @@ def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_pat
     assert n.led.read("t1").state in ("queued", "unschedulable")
     assert any("Excluded" in (tr.extra if tr else {}) for _, tr, _ in n.led.history("t1"))
     assert wall < 10.0, f"{wall:.2f}s of wall time for a 60 s deadline"
+
+
+def test_a_member_that_joins_again_gets_our_inventory_afresh(tmp_path: Path) -> None:
+    """Issue 25 bug 3 (KOVANEX_SEED=10): a node cut off while our inventory changed (we
+    took a repo over) missed that broadcast; it listed the repo under its old owner until
+    a push-pull. When it joins again, the inventory is published anew at the next pass."""
+    from kovanex.agent.cluster import Cluster
+    from kovanex.agent.placement import LocalNode
+    from kovanex.net.gossip import MemberInfo
+    from kovanex.net.keyring import Keyring
+    from kovanex.net.transport import MemoryNetwork, MemoryTransport
+    from kovanex.testing import run_virtual
+
+    n = Node(tmp_path / "n1")
+    local = LocalNode(n.ctx, n.runs, n.repos, lambda: 1.0)
+    cl = Cluster(
+        n.ctx, local, lambda: "http://127.0.0.1:1", lambda topic, m: None,
+        keyring=Keyring(), transport=MemoryTransport(MemoryNetwork(), clock=n.clock),
+    )  # fmt: skip
+
+    def version() -> int:
+        e = cl.node.core.app.get(("repos", "n1"))
+        return 0 if e is None else e.version
+
+    async def go() -> list[int]:
+        await cl.node.start(("127.0.0.1", 0))
+        fresh = asyncio.create_task(cl.keep_fresh(lambda: (["r"], []), lambda: None))
+        seen = []
+        await n.clock.sleep(2.5)
+        seen.append(version())  # published once: unchanged since
+        await n.clock.sleep(2.0)
+        seen.append(version())
+        back = MemberInfo("n2", ("127.0.0.1", 9), "alive", 2, {})
+        cl._on_member_event("member-join", back)
+        await n.clock.sleep(1.5)
+        seen.append(version())
+        cl._on_member_event("member-update", back)  # a mere update: nothing missed
+        await n.clock.sleep(1.5)
+        seen.append(version())
+        fresh.cancel()
+        await cl.node.close()
+        return seen
+
+    first, unchanged, after_join, after_update = run_virtual(go(), n.clock, wall_limit_s=20.0)
+    assert first > 0 and unchanged == first
+    assert after_join > first  # a fresh version: a broadcast that reaches the joiner
+    assert after_update == after_join

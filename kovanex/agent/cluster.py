@@ -90,6 +90,8 @@ class Cluster:
         self.seq = 0
         self.on_record = on_record  # the API's event feed
         self._last_meta: dict[str, Any] = {}
+        # the inventory last published; None: publish it at the next pass
+        self._inventory: tuple[list[str], list[str]] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -162,13 +164,12 @@ class Cluster:
         health: Callable[[], tuple[dict[str, float], float] | None],
     ) -> None:
         """Keep meta (slots, health) and the repo inventory (owned, replica) current."""
-        last: tuple[list[str], list[str]] | None = None
         while True:
             self.refresh()
             inv = inventory()
-            if inv != last:
+            if inv != self._inventory:
                 self.publish_repos(*inv)
-                last = inv
+                self._inventory = inv
             h = health()
             if h is not None:
                 self.publish_health(*h)
@@ -273,6 +274,11 @@ class Cluster:
             },
         )
         log.info("%s %s (%s)", topic, payload.name, payload.status)
+        if topic == "member-join":
+            # it may have been cut off when our inventory last changed, and that broadcast
+            # spent its retransmits: it would list our repos wrong until a push-pull
+            # (issue 25 bug 3, KOVANEX_SEED=10). Publish it again at the next pass.
+            self._inventory = None
         self.on_member_event(topic, payload)
         script = self.ctx.cfg.event_handlers.get(topic)
         if script:
