@@ -437,7 +437,8 @@ def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_pat
 def test_a_member_that_joins_again_gets_our_inventory_afresh(tmp_path: Path) -> None:
     """Issue 25 bug 3 (KOVANEX_SEED=10): a node cut off while our inventory changed (we
     took a repo over) missed that broadcast; it listed the repo under its old owner until
-    a push-pull. When it joins again, the inventory is published anew at the next pass."""
+    a push-pull. When it joins again, the inventory is published anew at the next pass,
+    and, for a node nobody saw dead, at least every INVENTORY_REFRESH_S."""
     from kovanex.agent.cluster import Cluster
     from kovanex.agent.placement import LocalNode
     from kovanex.net.gossip import MemberInfo
@@ -451,6 +452,8 @@ def test_a_member_that_joins_again_gets_our_inventory_afresh(tmp_path: Path) -> 
         n.ctx, local, lambda: "http://127.0.0.1:1", lambda topic, m: None,
         keyring=Keyring(), transport=MemoryTransport(MemoryNetwork(), clock=n.clock),
     )  # fmt: skip
+
+    cl.inventory_refresh_s = 60.0  # the join alone, first
 
     def version() -> int:
         e = cl.node.core.app.get(("repos", "n1"))
@@ -471,11 +474,17 @@ def test_a_member_that_joins_again_gets_our_inventory_afresh(tmp_path: Path) -> 
         cl._on_member_event("member-update", back)  # a mere update: nothing missed
         await n.clock.sleep(1.5)
         seen.append(version())
+        cl.inventory_refresh_s = 2.0  # the default: at least every 2 s, whoever missed it
+        await n.clock.sleep(2.5)
+        seen.append(version())
         fresh.cancel()
         await cl.node.close()
         return seen
 
-    first, unchanged, after_join, after_update = run_virtual(go(), n.clock, wall_limit_s=20.0)
+    first, unchanged, after_join, after_update, refreshed = run_virtual(
+        go(), n.clock, wall_limit_s=20.0
+    )
     assert first > 0 and unchanged == first
     assert after_join > first  # a fresh version: a broadcast that reaches the joiner
     assert after_update == after_join
+    assert refreshed > after_update
