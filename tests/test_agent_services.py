@@ -102,6 +102,7 @@ class Node:
             lambda: [node_info("n1", runners_total=slots), *(others or [])],
             self.repos.ledger,
             lambda: "best-fit",
+            clock=self.clock,
         )
 
         class NoServer:
@@ -343,6 +344,52 @@ def test_an_excluded_runner_that_joins_again_gets_the_unschedulable_task_back(
     assert [a.node for a in n.assigned] == ["n3", "n3"]
 
 
+def test_an_idle_matching_node_gets_an_excluded_task_back_when_its_exclusion_lapses(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 bug 9 (KOVANEX_SEED=16): n3, the one node with `sast`, missed the
+    placement deadline without ever leaving the cluster (cut off for a moment, a loaded
+    host), so no join lets it back in, and the task stayed unschedulable beside an idle n3.
+    Its exclusion lapses after the placement deadline (10 s here), doubled per lapse."""
+    from kovanex.core import startwatch
+
+    n = Node(tmp_path / "n1", others=[node_info("n3", capabilities=frozenset({"sast"}))])
+    spec = b'[placement]\nrequires = ["sast"]\n[[steps]]\nname = "a"\nrun = "true"\n'
+    submit(n.led, "t1", spec)
+
+    async def miss_the_deadline() -> None:
+        view = n.led.read("t1")
+        assert (view.state, view.node) == ("placed", "n3")
+        tr = startwatch.decide(view, startwatch.watch(view, None, 0.0), 10.0, 10.0, None,
+                               n.placer.excluded("r", "t1"))  # fmt: skip
+        assert tr is not None
+        n.led.append("t1", tr, expected_tip=view.tip, lease_epoch=tr.epoch)
+        n.sched.after_write("r", "t1")
+        await n.sched.schedule_pending()
+        assert n.led.read("t1").state == "unschedulable"
+
+    async def pass_at(seconds: float) -> str:
+        n.clock.advance(seconds)
+        await n.sched.schedule_pending()  # what the sweep runs every few seconds
+        return n.led.read("t1").state
+
+    async def go() -> None:
+        await n.sched.reconcile_task("r", "t1")
+        await n.sched.schedule_pending()
+        await miss_the_deadline()
+        assert await pass_at(9.0) == "unschedulable"  # the exclusion holds for a deadline
+        assert await pass_at(1.0) == "placed"  # then lapses: n3 is idle and matches
+        assert n.led.read("t1").node == "n3"
+        await miss_the_deadline()  # it fails again: the next lapse waits twice as long
+        assert await pass_at(19.0) == "unschedulable"
+        assert await pass_at(1.0) == "placed"
+
+    asyncio.run(go())
+    cleared = [tr for _, tr, _ in n.led.history("t1") if tr and "Excluded-Cleared" in tr.extra]
+    assert [tr.extra["Excluded-Cleared"] for tr in cleared] == ["n3", "n3"]
+    assert [a.node for a in n.assigned] == ["n3", "n3", "n3"]
+
+
 def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_path: Path) -> None:
     """The seed profile's one-minute placement deadline, over the virtual loop: the
     `PlacementDeadline` guard sleeps on the node's clock, so the requeue that excludes the
@@ -386,3 +433,59 @@ def test_the_placement_deadline_requeues_a_silent_runner_in_virtual_time(tmp_pat
     assert n.led.read("t1").state in ("queued", "unschedulable")
     assert any("Excluded" in (tr.extra if tr else {}) for _, tr, _ in n.led.history("t1"))
     assert wall < 10.0, f"{wall:.2f}s of wall time for a 60 s deadline"
+
+
+def test_a_member_that_joins_again_gets_our_inventory_afresh(tmp_path: Path) -> None:
+    """Issue 25 bug 3 (KOVANEX_SEED=10): a node cut off while our inventory changed (we
+    took a repo over) missed that broadcast; it listed the repo under its old owner until
+    a push-pull. When it joins again, the inventory is published anew at the next pass,
+    and, for a node nobody saw dead, at least every INVENTORY_REFRESH_S."""
+    from kovanex.agent.cluster import Cluster
+    from kovanex.agent.placement import LocalNode
+    from kovanex.net.gossip import MemberInfo
+    from kovanex.net.keyring import Keyring
+    from kovanex.net.transport import MemoryNetwork, MemoryTransport
+    from kovanex.testing import run_virtual
+
+    n = Node(tmp_path / "n1")
+    local = LocalNode(n.ctx, n.runs, n.repos, lambda: 1.0)
+    cl = Cluster(
+        n.ctx, local, lambda: "http://127.0.0.1:1", lambda topic, m: None,
+        keyring=Keyring(), transport=MemoryTransport(MemoryNetwork(), clock=n.clock),
+    )  # fmt: skip
+
+    cl.inventory_refresh_s = 60.0  # the join alone, first
+
+    def version() -> int:
+        e = cl.node.core.app.get(("repos", "n1"))
+        return 0 if e is None else e.version
+
+    async def go() -> list[int]:
+        await cl.node.start(("127.0.0.1", 0))
+        fresh = asyncio.create_task(cl.keep_fresh(lambda: (["r"], []), lambda: None))
+        seen = []
+        await n.clock.sleep(2.5)
+        seen.append(version())  # published once: unchanged since
+        await n.clock.sleep(2.0)
+        seen.append(version())
+        back = MemberInfo("n2", ("127.0.0.1", 9), "alive", 2, {})
+        cl._on_member_event("member-join", back)
+        await n.clock.sleep(1.5)
+        seen.append(version())
+        cl._on_member_event("member-update", back)  # a mere update: nothing missed
+        await n.clock.sleep(1.5)
+        seen.append(version())
+        cl.inventory_refresh_s = 2.0  # the default: at least every 2 s, whoever missed it
+        await n.clock.sleep(2.5)
+        seen.append(version())
+        fresh.cancel()
+        await cl.node.close()
+        return seen
+
+    first, unchanged, after_join, after_update, refreshed = run_virtual(
+        go(), n.clock, wall_limit_s=20.0
+    )
+    assert first > 0 and unchanged == first
+    assert after_join > first  # a fresh version: a broadcast that reaches the joiner
+    assert after_update == after_join
+    assert refreshed > after_update

@@ -18,6 +18,7 @@ from kovanex.core.takeover import (
     TakeOver,
     TakeoverDue,
     Tick,
+    contested,
     decide,
 )
 from kovanex.testing import FakeClock, member_views, node_state, ownership
@@ -175,3 +176,32 @@ def test_bad_inputs_are_refused() -> None:
         Member("n1", status="gone")
     with pytest.raises(TypeError, match="not a takeover event"):
         decide(node_state("n1"), "tick", T0)  # type: ignore[arg-type]
+
+
+def test_a_member_back_from_dead_gets_our_owner_records_afresh() -> None:
+    """Issue 25 bug 3 (KOVANEX_SEED=10): n1 was cut off while n2 took `r` over; the
+    takeover's broadcast spent its retransmits meanwhile, so n1 would believe it owns `r`
+    until the next push-pull. The owner re-announces what it owns when n1 joins again."""
+    mine = ownership("n2", 2, "n3")
+    other = ownership("n3", 1, "n2")
+    s = node_state("n2", "n1 n2 n3", known={"r": mine, "q": other})
+    assert decide(s, MemberChanged("n1", "alive", joined=True), T0) == [PublishOwner("r", mine)]
+    # a mere update (meta, a refuted suspicion) republishes nothing: it missed nothing
+    assert decide(s, MemberChanged("n1", "alive"), T0) == []
+    # a bystander has nothing of its own to announce
+    bystander = node_state("n3", "n1 n2 n3", known={"r": mine})
+    assert decide(bystander, MemberChanged("n1", "alive", joined=True), T0) == []
+
+
+def test_an_owner_re_announces_a_repo_a_live_member_still_claims() -> None:
+    """Issue 25 bug 3: gossip is last-writer-wins by version, so the deposed n1's own
+    stale record, written later on its clock while it was cut off, beats n2's takeover
+    record and the join's re-announcement alike. Its inventory still lists `r`: n2 keeps
+    announcing until n1 demotes (each write newer than anything n2 has seen)."""
+    mine = ownership("n2", 2, "n3")
+    s = node_state("n2", "n1 n2 n3", known={"r": mine, "q": ownership("n1", 1, "n2")})
+    assert contested(s, {"n1": ["r", "q"], "n3": []}) == [PublishOwner("r", mine)]
+    assert contested(s, {"n1": ["q"], "n2": ["r"]}) == []  # n1 demoted; our own listing
+    dead = node_state("n2", member_views("n1 n2 n3", n1="dead"), known={"r": mine})
+    assert contested(dead, {"n1": ["r"]}) == []  # only a live member can be told
+    assert contested(node_state("n3", "n1 n2 n3", known={"r": mine}), {"n1": ["r"]}) == []

@@ -103,3 +103,68 @@ def test_an_assignment_gossip_held_before_the_service_started_is_run(tmp_path: P
 
     asyncio.run(go())
     assert [(v["task"], v["epoch"]) for v in started] == [("t1", 2)]
+
+
+class EndedRun:
+    """A run of ours that ended on its own (it stood down when its lease moved)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.lease = Lease("t1", "n1", epoch, repo="r")
+        self.key = ("r", "t1")
+        self.crashed = False
+        self.cancel = asyncio.Event()
+
+
+def test_a_new_assignment_of_a_task_whose_old_run_here_ended_is_started(tmp_path: Path) -> None:
+    """Issue 25 bug 9 (KOVANEX_SEED=16): n1 was cut off; its owner re-queued the task, n1's
+    run stood down, and after the heal the owner placed it on n1 again under epoch 3. The
+    watch of the ended run made that assignment a mere 'verify' of the old run: it never
+    started, and the owner excluded n1 at its 10 s deadline, for good."""
+    started: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
+        await g.start(("127.0.0.1", 0))
+        try:
+            rr = _remote_runs(tmp_path, g, started)
+            rr.start()
+            rr._watched[("r", "t1")] = (EndedRun(1), None)  # type: ignore[assignment]
+            rr.ran("r", "t1")  # it ended: not in the run table
+            a = {"repo": "r", "task": "t1", "node": "n1", "epoch": 3, "url": "u", "owner": "n2"}
+            g.publish("assign", "r/t1", a)
+            for _ in range(20):  # let the tasks the callback spawned run (no sleep of time)
+                await asyncio.sleep(0)
+        finally:
+            await g.close()
+
+    asyncio.run(go())
+    assert [(v["task"], v["epoch"]) for v in started] == [("t1", 3)]
+
+
+def test_an_owner_announces_again_what_it_assigned_a_node_that_joins_again() -> None:
+    """A lease placed on a node while it was cut off went out in a broadcast that spent its
+    retransmits meanwhile; the node would hear of it only at a push-pull, past the
+    placement deadline. When it joins again, the owner publishes those keys afresh."""
+    from kovanex.agent.assignments import Assignments
+    from kovanex.core.remoterun import to_reannounce
+
+    async def go() -> tuple[list[str], dict[str, int], dict[str, int]]:
+        g = GossipNode("n2", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
+        await g.start(("127.0.0.1", 0))
+        try:
+            mine = {"repo": "r", "task": "t1", "node": "n3", "epoch": 2, "url": "u", "owner": "n2"}
+            g.publish("assign", "r/t1", mine)
+            g.publish("assign", "r/t2", {**mine, "task": "t2", "node": "n4"})
+            g.publish("assign", "s/t1", {**mine, "repo": "s", "owner": "n5"})  # not ours
+            before = {k: e.version for (t, k), e in g.core.app.items() if t == "assign"}
+            keys = Assignments("n2", g, lambda: "u").rejoined("n3")
+            after = {k: e.version for (t, k), e in g.core.app.items() if t == "assign"}
+            return keys, before, after
+        finally:
+            await g.close()
+
+    keys, before, after = asyncio.run(go())
+    assert keys == ["r/t1"]
+    assert after["r/t1"] > before["r/t1"]  # a new version: a fresh broadcast
+    assert after["r/t2"] == before["r/t2"] and after["s/t1"] == before["s/t1"]
+    assert to_reannounce({"k": None, "j": "junk"}, "n2", "n3") == []

@@ -158,3 +158,38 @@ def test_a_node_that_joins_again_is_let_back_in() -> None:
     assert sw.excluded([tr, *history]) == {"n4"}
     assert sw.rejoined(view, both, "n9") is None  # not excluded: nothing to do
     assert sw.rejoined(placed("n2", 7), both, "n3") is None  # only unschedulable tasks
+
+
+def test_exclusions_lapse_after_a_backoff_only_while_an_idle_matching_node_is_held_back() -> None:
+    """Issue 25 bug 9: a task kept from an idle matching node by its exclusions alone is
+    let back in after the placement deadline, doubled per lapse, at most LAPSE_MAX_S."""
+    n3 = frozenset({"n3"})
+    mem, let = sw.lapse(None, n3, 100.0, DEADLINE)
+    assert (mem, let) == (sw.Lapse(100.0, 0), frozenset())
+    mem, let = sw.lapse(mem, n3, 109.9, DEADLINE)
+    assert let == frozenset()
+    mem, let = sw.lapse(mem, n3, 110.0, DEADLINE)
+    assert (mem, let) == (sw.Lapse(None, 1), n3)
+    # n3 failed again: the clock restarts and waits twice as long
+    mem, let = sw.lapse(mem, n3, 200.0, DEADLINE)
+    assert sw.lapse(mem, n3, 219.9, DEADLINE)[1] == frozenset()
+    assert sw.lapse(mem, n3, 220.0, DEADLINE)[1] == n3
+    # nothing held back (n3 busy, gone, or placed): the clock stops, the tries are kept
+    assert sw.lapse(mem, frozenset(), 230.0, DEADLINE) == (sw.Lapse(None, 1), frozenset())
+    assert sw.lapse(None, frozenset(), 230.0, DEADLINE) == (None, frozenset())
+    assert sw.lapse_after(30, DEADLINE) == sw.LAPSE_MAX_S
+    extra = sw.lapsed_extra({"Score": "1"}, n3, frozenset({"n3", "n4"}))
+    assert extra == {"Score": "1", "Excluded-Cleared": "n3", "Excluded": "n4"}
+
+
+def test_held_back_names_only_excluded_nodes_that_would_take_the_task_now() -> None:
+    req = scoring.TaskRequest(repo="r", task_id="t1", requires=frozenset({"sast"}))
+    sast = frozenset({"sast"})
+    idle = node_info("n3", capabilities=sast)
+    busy = node_info("n4", capabilities=sast, runners_total=1, runners_used=1)
+    plain = node_info("n5")
+    cordoned = node_info("n6", capabilities=sast, cordoned=True)
+    nodes = [idle, busy, plain, cordoned]
+    every = frozenset({"n3", "n4", "n5", "n6"})
+    assert placing.held_back(nodes, req, "best-fit", every) == {"n3"}
+    assert placing.held_back(nodes, req, "best-fit", frozenset({"n4"})) == frozenset()

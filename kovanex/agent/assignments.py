@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kovanex.core.effects import Assign
+from kovanex.core.remoterun import to_reannounce
 from kovanex.core.task import TaskView
 from kovanex.net.gossip import GossipNode
 
@@ -39,3 +40,12 @@ class Assignments:
         key = f"{repo}/{view.task_id}"
         if self.gossip.get(TOPIC, key) is not None:
             self.gossip.publish(TOPIC, key, None)
+
+    def rejoined(self, node: str) -> list[str]:
+        """`node` joined again: announce afresh what we assigned it (core: to_reannounce),
+        so it starts within a gossip round, not at the next push-pull. Returns the keys."""
+        values = self.gossip.items(TOPIC)
+        keys = to_reannounce(values, self.node, node)
+        for key in keys:
+            self.gossip.publish(TOPIC, key, dict(values[key]))
+        return keys

@@ -29,6 +29,11 @@ from kovanex.net.transport import Transport
 log = logging.getLogger("kovanex.cluster")
 MEMBER_EVENTS = ("member-join", "member-leave", "member-failed", "member-update")
 HANDLER_TIMEOUT_S = 30.0
+# The repo inventory is published on a change, to a member that joins again, and at least
+# this often: a node cut off while it changed (a takeover it did not see) missed that
+# broadcast, maybe without anyone seeing anyone dead, and would list the repo under the
+# wrong owner until a push-pull (issue 25 bug 3). Health goes out every second already.
+INVENTORY_REFRESH_S = 2.0
 
 
 def keyring_path(layout: cfgmod.Layout) -> Path:
@@ -90,6 +95,10 @@ class Cluster:
         self.seq = 0
         self.on_record = on_record  # the API's event feed
         self._last_meta: dict[str, Any] = {}
+        # the inventory last published (None: publish it at the next pass), and when
+        self._inventory: tuple[list[str], list[str]] | None = None
+        self._inventory_at = 0.0
+        self.inventory_refresh_s = INVENTORY_REFRESH_S
         self._handlers: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -162,13 +171,13 @@ class Cluster:
         health: Callable[[], tuple[dict[str, float], float] | None],
     ) -> None:
         """Keep meta (slots, health) and the repo inventory (owned, replica) current."""
-        last: tuple[list[str], list[str]] | None = None
         while True:
             self.refresh()
             inv = inventory()
-            if inv != last:
+            now = self.ctx.clock.monotonic()
+            if inv != self._inventory or now - self._inventory_at >= self.inventory_refresh_s:
                 self.publish_repos(*inv)
-                last = inv
+                self._inventory, self._inventory_at = inv, now
             h = health()
             if h is not None:
                 self.publish_health(*h)
@@ -273,6 +282,11 @@ class Cluster:
             },
         )
         log.info("%s %s (%s)", topic, payload.name, payload.status)
+        if topic == "member-join":
+            # it may have been cut off when our inventory last changed, and that broadcast
+            # spent its retransmits: it would list our repos wrong until a push-pull
+            # (issue 25 bug 3, KOVANEX_SEED=10). Publish it again at the next pass.
+            self._inventory = None
         self.on_member_event(topic, payload)
         script = self.ctx.cfg.event_handlers.get(topic)
         if script:

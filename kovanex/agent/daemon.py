@@ -128,6 +128,8 @@ class Agent:
             ],
             self.repos.ledger,
             lambda: ctx.cfg.strategy,
+            clock=ctx.clock,
+            lapse_base=lambda: self.cluster.node.profile.placement_deadline,
         )
         self.server_placement = ServerPlacement(
             ctx, self.placer, self.repos, lambda: self.cluster.members()
@@ -358,6 +360,7 @@ class Agent:
 
     def _archived(self, key: tuple[str, str]) -> None:
         self.scheduler.forget(key)
+        self.placer.forget(key)
         self.feeds.tasks.forget(key)
 
     def _requeued(self, repo: str, task_id: str) -> None:
@@ -365,6 +368,8 @@ class Agent:
         self.dispatcher.changed("", "")  # a placement pass
 
     def _on_member_event(self, topic: str, member: MemberInfo) -> None:
+        if topic == "member-join":  # it may have missed our assignments while away
+            self.assignments.rejoined(member.name)
         self.failover.on_member_event(topic, member)
 
     def _copy_made(self, path: Path, root: Path, pack_bytes: int) -> None:

@@ -6,7 +6,9 @@ inputs and turns the answer into the placement commit's trailers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import psutil
 
@@ -15,9 +17,12 @@ from kovanex import spec as specmod
 from kovanex.agent.context import NodeContext
 from kovanex.agent.repos import RepoIndex
 from kovanex.agent.runs import RunTable
-from kovanex.core import placing, scoring
+from kovanex.clock import SYSTEM, Clock
+from kovanex.core import placing, scoring, startwatch
 from kovanex.core.scheduler import Decision
 from kovanex.gitstate.ledger import TaskLedger, exclusions
+
+log = logging.getLogger("kovanex.agent")
 
 
 class Placer:
@@ -31,20 +36,54 @@ class Placer:
         nodes: Callable[[], list[scoring.NodeInfo]],
         ledger: Callable[[str], TaskLedger],
         strategy: Callable[[], str],
+        *,
+        clock: Clock = SYSTEM,
+        lapse_base: Callable[[], float] = lambda: 10.0,
     ) -> None:
         self.nodes = nodes
         self.ledger = ledger
         self.strategy = strategy
         self.rr = 0
+        self.clock = clock
+        # the placement deadline: exclusions that alone keep a task from an idle matching
+        # node lapse after it, doubled per lapse (core/startwatch.lapse, issue 25 bug 9)
+        self.lapse_base = lapse_base
+        self.lapses: dict[tuple[str, str], startwatch.Lapse] = {}
 
     def excluded(self, repo: str, task_id: str) -> frozenset[str]:
         """Nodes that failed to start this task (Kovanex-Excluded, ADR 0012)."""
         return exclusions(self.ledger(repo), task_id)
 
     def decide(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> Decision:
+        """Place by the rules; when only the task's exclusions keep it from an idle
+        matching node, they lapse after a backoff and the placement lets that node back in
+        (its `Kovanex-Excluded-Cleared` trailer says so)."""
         req = spec.request(repo, task_id)
         strategy = spec.placement.strategy or self.strategy()
-        return self.decide_request(req, strategy, self.excluded(repo, task_id))
+        excl = self.excluded(repo, task_id)
+        d = self.decide_request(req, strategy, excl)
+        if d.node is not None or not excl:
+            return d
+        key = (repo, task_id)
+        back = placing.held_back(self.nodes(), req, strategy, excl)
+        now = self.clock.monotonic()
+        mem, let = startwatch.lapse(self.lapses.get(key), back, now, self.lapse_base())
+        if mem is None:
+            self.lapses.pop(key, None)
+        else:
+            self.lapses[key] = mem
+        if not let:
+            return d
+        again = self.decide_request(req, strategy, excl - let)
+        if again.node is None:
+            return d
+        log.info("%s/%s: the exclusion of %s lapsed: placed again on %s", repo, task_id,
+                 ",".join(sorted(let)), again.node)  # fmt: skip
+        return replace(again, extra=startwatch.lapsed_extra(again.extra, let, excl))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """The task is archived: its lapse memory goes with it."""
+        self.lapses.pop(key, None)
 
     def decide_request(
         self, req: scoring.TaskRequest, strategy: str, excl: frozenset[str]
@@ -56,7 +95,10 @@ class Placer:
         return d
 
     def preview(self, repo: str, task_id: str, spec: specmod.TaskSpec) -> str:
-        d = self.decide(repo, task_id, spec)
+        """What a placement would say now (no lapse is spent on a preview)."""
+        req = spec.request(repo, task_id)
+        strategy = spec.placement.strategy or self.strategy()
+        d = self.decide_request(req, strategy, self.excluded(repo, task_id))
         if d.node:
             return f"would place on {d.node}: {d.reason}"
         return ("would wait: " if d.waiting else "unschedulable: ") + d.reason

@@ -115,10 +115,22 @@ class RemoteRuns:
             elif isinstance(e, core.HandBack):
                 self._spawn(self.hand_back(*e.key, e.epoch, e.why))
 
+    def _watching(self, key: tuple[str, str]) -> tuple[TaskRun, RemoteLedger] | None:
+        """The run of `key` we watch, if it still runs here. The watch of a run that ended
+        (stood down on its own when the lease moved, e.g. while we were cut off) is
+        dropped: it counted as a run to verify, so the owner's next assignment of that
+        task to us was verified against nothing and never started, and the owner
+        excluded us at its deadline (issue 25 bug 9, KOVANEX_SEED=16)."""
+        watched = self._watched.get(key)
+        if watched is not None and self.runs.runs.get(key) is not watched[0]:
+            del self._watched[key]
+            return None
+        return watched
+
     def _on_assign(self, topic: str, payload: Any) -> None:
         value = getattr(payload, "value", None)
         repo, _, task_id = str(getattr(payload, "key", "")).partition("/")
-        watched = self._watched.get((repo, task_id))
+        watched = self._watching((repo, task_id))
         a = core.assignment(value)
         run = self.runs.runs.get(a[0]) if a is not None else None
         ev = core.AssignSeen(
@@ -184,7 +196,7 @@ class RemoteRuns:
             if not isinstance(value, dict) or value.get("node") != self.ctx.name:
                 continue
             key = (str(value.get("repo")), str(value.get("task")))
-            if key not in self.runs.runs and key not in self._watched:
+            if key not in self.runs.runs and self._watching(key) is None:
                 log.info("%s/%s: assignment delivered (%s)", *key, why)
                 self.assignments[key[0]] = value["url"]
                 asyncio.get_running_loop().create_task(self._start(value))

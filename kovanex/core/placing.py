@@ -45,6 +45,21 @@ def decide(
     return d
 
 
+def held_back(
+    nodes: Sequence[scoring.NodeInfo],
+    req: scoring.TaskRequest,
+    strategy: str,
+    excluded: frozenset[str],
+) -> frozenset[str]:
+    """The excluded nodes that would take the task right now (open, matching, a runner
+    free): only the task's exclusions keep it from them (startwatch.lapse lets them back)."""
+    return frozenset(
+        n.name
+        for n in nodes
+        if n.name in excluded and not n.cordoned and _decide(req, strategy, [n], 0).node
+    )
+
+
 def _fits(req: scoring.TaskRequest, strategy: str, node: scoring.NodeInfo) -> bool:
     """Would this one node take the task, now or once its capacity frees?"""
     d = _decide(req, strategy, [node], 0)

@@ -235,6 +235,18 @@ def assignment(value: Any) -> tuple[Key, int, str, str] | None:
         return None
 
 
+def to_reannounce(values: Mapping[str, Any], owner: str, node: str) -> list[str]:
+    """The `assign` keys `owner` publishes again when `node` joins again (back from dead:
+    a heal, a restart). Their broadcast may have spent its retransmits while `node` was cut
+    off; it would hear of them only at the next push-pull, past the placement deadline,
+    which then excludes it (issue 25 bug 9, KOVANEX_SEED=16)."""
+    return sorted(
+        k
+        for k, v in values.items()
+        if isinstance(v, Mapping) and v.get("owner") == owner and v.get("node") == node
+    )
+
+
 def owner_lease(view: taskcore.TaskView) -> OwnerLease:
     return OwnerLease(view.state, view.node, view.epoch)
 

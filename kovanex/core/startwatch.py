@@ -12,7 +12,10 @@ current generation: a new push (a user commit) starts afresh. They are also clea
 with a `Kovanex-Excluded-Cleared: <nodes>` trailer so the history says who was let back
 (ADR 0078): by a person's `task retry`, ScheduleTask or RescheduleTask (`revive`), and
 for one node when it joins the cluster again after being dead or gone (`rejoined`): a
-restarted runner is a new process and deserves a new try.
+restarted runner is a new process and deserves a new try. And they lapse (`lapse`, issue
+25 bug 9): a task kept from an idle matching node only by its exclusions is placed there
+again after a backoff, so a runner that missed the deadline once (cut off, restarted, a
+loaded host) is not shut out until a person or a new push notices.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kovanex.core.scoring import NodeInfo
 EXCLUDED = "Excluded"  # extra-trailer key: Kovanex-Excluded
 CLEARED = "Excluded-Cleared"  # Kovanex-Excluded-Cleared: the nodes let back in
 REASON_MAX = 200
+LAPSE_MAX_S = 300.0  # the longest an idle matching node stays shut out of a task
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,48 @@ def rejoined(
     tr = taskcore.retry(view)
     tr = replace(tr, reason=f"node {node} joined again; its exclusion is cleared")
     return cleared(tr, frozenset({node}), excl - {node})
+
+
+@dataclass(frozen=True)
+class Lapse:
+    """The owner's memory of a task its exclusions alone keep from an idle matching node:
+    `since` when it saw that (owner clock; None: not now), `tries` the times they lapsed
+    for it already (the backoff: a node that fails every time is let back ever more rarely)."""
+
+    since: float | None
+    tries: int = 0
+
+
+def lapse_after(tries: int, deadline: float) -> float:
+    """How long the exclusions hold before they lapse: the placement deadline, doubled per
+    lapse already spent on this task, at most LAPSE_MAX_S."""
+    return min(deadline * 2 ** min(tries, 16), LAPSE_MAX_S)
+
+
+def lapse(
+    cur: Lapse | None, held_back: frozenset[str], now: float, deadline: float
+) -> tuple[Lapse | None, frozenset[str]]:
+    """`held_back`: the excluded nodes that would take the task now (alive, matching, a
+    runner free). Returns the memory to keep and the nodes to let back in now (none until
+    the backoff is over). Nothing held back: the clock stops, the tries are kept."""
+    tries = cur.tries if cur is not None else 0
+    if not held_back:
+        return (Lapse(None, tries) if tries else None), frozenset()
+    since = cur.since if cur is not None and cur.since is not None else now
+    if now - since < lapse_after(tries, deadline):
+        return Lapse(since, tries), frozenset()
+    return Lapse(None, tries + 1), held_back
+
+
+def lapsed_extra(
+    extra: dict[str, str], let: frozenset[str], excl: frozenset[str]
+) -> dict[str, str]:
+    """The placement's trailers when it lets `let` back in: the audit trail of the clear
+    (`Kovanex-Excluded-Cleared`), and the exclusions that still hold."""
+    out = {**extra, CLEARED: ",".join(sorted(let))}
+    if excl - let:
+        out[EXCLUDED] = ",".join(sorted(excl - let))
+    return out
 
 
 def candidates(nodes: Sequence[NodeInfo], names: frozenset[str]) -> list[NodeInfo]:

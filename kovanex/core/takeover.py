@@ -25,7 +25,7 @@ dataclasses below, `NodeState`, `Member`, `Config`. The helpers `on_owner_announ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kovanex.core.replication import MemberView, Ownership, choose_replicas, successor, takeover
@@ -102,6 +102,7 @@ class MemberChanged:
 
     name: str
     status: str
+    joined: bool = False  # it came back from dead or left (or is new): gossip's member-join
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def decide(state: NodeState, event: Event, now: float) -> list[Effect]:
     if isinstance(event, OwnerAnnounced):
         return on_owner_announced(state, event.repo, event.ownership)
     if isinstance(event, MemberChanged):
-        return on_member_changed(state, event.name, event.status, now)
+        return on_member_changed(state, event.name, event.status, now, event.joined)
     if isinstance(event, TakeoverDue):
         return takeover_due(state, event.repo)
     if isinstance(event, Tick):
@@ -253,12 +254,20 @@ def on_owner_announced(state: NodeState, repo: str, ann: Ownership) -> list[Effe
     return out
 
 
-def on_member_changed(state: NodeState, name: str, status: str, now: float) -> list[Effect]:
+def on_member_changed(
+    state: NodeState, name: str, status: str, now: float, joined: bool = False
+) -> list[Effect]:
     """A failed or departed owner: schedule a takeover check after `settle_s`. Any
-    membership change: re-place the replicas of repos we own."""
+    membership change: re-place the replicas of repos we own. A member that joins again
+    (back from dead: a heal, a restart) gets our owner records afresh: it may have missed
+    a takeover while cut off, whose broadcast spent its retransmits meanwhile, and a
+    deposed owner that never saw anyone dead would believe it owns the repo until the
+    next push-pull (issue 25 bug 3, KOVANEX_SEED=10)."""
     if name == state.me:
         return []
     out: list[Effect] = []
+    if joined and status in ALIVE:
+        out += [PublishOwner(r, o) for r, o in sorted(state.known.items()) if o.owner == state.me]
     if status in ("dead", "left"):
         for repo, o in sorted(state.known.items()):
             if o.owner == name and state.me in o.replicas:
@@ -302,6 +311,24 @@ def place(state: NodeState, repo: str) -> list[Effect]:
     return [PlaceReplicas(repo, o, replace(o, replicas=chosen))]
 
 
+def contested(state: NodeState, claims: Mapping[str, Iterable[str]]) -> list[Effect]:
+    """Repos we own that another live member still lists as its own (`claims`: member ->
+    the repos its inventory, gossip topic `repos`, says it owns). It missed our record: the
+    takeover's broadcast spent its retransmits while it was cut off, or gossip, last writer
+    wins by version, kept its own stale record, written later on its clock. Announce ours
+    again each pass until it demotes: every write carries a newer version than any we have
+    seen, so once its values reach us ours win (issue 25 bug 3, KOVANEX_SEED=10)."""
+    mine = [(r, o) for r, o in sorted(state.known.items()) if o.owner == state.me]
+    if not mine:
+        return []
+    rivals = [
+        set(repos)
+        for n, repos in sorted(claims.items())
+        if n != state.me and state.status(n) == "alive"
+    ]
+    return [PublishOwner(r, o) for r, o in mine if any(r in c for c in rivals)]
+
+
 def tick(state: NodeState) -> list[Effect]:
     """Per repo: owned -> placement; replicated with a dead owner -> takeover check;
     replicated with no local copy yet -> create and fetch."""
@@ -343,5 +370,6 @@ __all__ = [
     "place",
     "replica_tips",
     "takeover_due",
+    "contested",
     "tick",
 ]

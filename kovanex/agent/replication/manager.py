@@ -43,6 +43,7 @@ from kovanex.net.gossip import MEMBER_EVENTS, GossipNode
 
 ANTI_ENTROPY_S = 10.0
 PLACEMENT_S = 2.0
+CONTEST_S = 1.0  # how often an owner looks for a live member still claiming its repos
 TAKEOVER_SETTLE_S = SETTLE_S  # let the last acks arrive so every replica ranks the same
 
 
@@ -173,6 +174,7 @@ class ReplicaManager:
         self._loops = [
             loop.create_task(self._loop(self.anti_entropy_s, self._tick)),
             loop.create_task(self._loop(self.placement_s, self.placer.place_all)),
+            loop.create_task(self._loop(CONTEST_S, self.ownership.contest)),
         ]
 
     async def stop(self, timeout: float = 10.0) -> None:

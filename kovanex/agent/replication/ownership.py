@@ -210,8 +210,11 @@ class OwnershipService:
         status = _STATUS_OF_TOPIC.get(topic, payload.status)
         now = self.rt.clock.monotonic()
         state = self.peers.state(self.settle_s)
-        for eff in decider.on_member_changed(state, payload.name, status, now):
-            if isinstance(eff, decider.Recheck):
+        joined = topic == "member-join"
+        for eff in decider.on_member_changed(state, payload.name, status, now, joined):
+            if isinstance(eff, decider.PublishOwner):
+                self.publish(eff.repo)
+            elif isinstance(eff, decider.Recheck):
                 self.rt.spawn(self._recheck(eff.repo, eff.at))
             elif isinstance(eff, decider.PlaceReplicas):
                 self.rt.spawn(self.placer.place(eff.repo))
@@ -300,6 +303,21 @@ class OwnershipService:
                     out[ref] = oid
             gitcli.update_ref_cas(path, [(sref, None, oid)])
         return out
+
+    async def contest(self) -> None:
+        """Each second: re-announce the repos we own that a live member still lists as its
+        own (core: takeover.contested); a stale owner then demotes within a gossip round."""
+        mine = {r for r, o in self.rt.known.items() if o.owner == self.rt.node}
+        claims: dict[str, list[str]] = {}
+        for node, inv in self.rt.gossip.items("repos").items():
+            owned = inv.get("owned") if isinstance(inv, dict) else None
+            if node != self.rt.node and isinstance(owned, list):
+                claims[str(node)] = [str(r) for r in owned if r in mine]
+        if not any(claims.values()):
+            return  # the usual case: nobody else claims ours (no full state read)
+        for eff in decider.contested(self.peers.state(self.settle_s), claims):
+            if isinstance(eff, decider.PublishOwner):
+                self.publish(eff.repo)
 
     # -- the anti-entropy pass -----------------------------------------------------------
     async def tick(self) -> None:
