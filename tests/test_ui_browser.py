@@ -144,8 +144,11 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
     drv.get(cluster["base"] + "/ui/")
-    src = drv.page_source
-    assert '<script src="/ui/static/htmx.min.js' in src
+    # asked again until it holds: on a loaded host (the suite's parallel workers) one
+    # Chromium read of the source right after the load came back empty
+    wait_for(
+        lambda: '<script src="/ui/static/htmx.min.js' in drv.page_source, 10, "the page's htmx"
+    )
     wait_for(lambda: drv.execute_script("return typeof htmx") == "object", 10, "htmx loaded")
     nodes = node_status(drv)
     assert set(nodes) == set(NAMES)
