@@ -53,12 +53,18 @@ nftables:
 # The suite's JUnit XML and every test's time (slowest first) land in $(TEST_REPORT);
 # the slowest 25 are printed at the end, pass or fail (tests/durations.py).
 TEST_REPORT := build/test-report
+# pytest-xdist workers (ADR 0103): most tests wait on agents, gossip and deadlines rather
+# than compute, so more workers than cores. One file per worker at a time (--dist loadfile):
+# a module's fixtures are set up once, and its tests run in their written order.
+# `make test TEST_WORKERS=0` runs the suite serially in one process.
+TEST_WORKERS ?= 4
 
 test: $(STAMP) browser promtool nftables
 	$(BIN)/ruff check kovanex tests bench
 	$(BIN)/ruff format --check kovanex tests bench
 	@mkdir -p $(TEST_REPORT) && rm -f $(TEST_REPORT)/junit.xml
-	$(BIN)/python -m pytest -q -x --junitxml=$(TEST_REPORT)/junit.xml; rc=$$?; \
+	$(BIN)/python -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile \
+	  --junitxml=$(TEST_REPORT)/junit.xml; rc=$$?; \
 	  $(BIN)/python -m tests.durations $(TEST_REPORT)/junit.xml --top 25 \
 	    --out $(TEST_REPORT)/durations.txt; exit $$rc
 

@@ -191,7 +191,13 @@ async def spawn(
 ) -> Child | asyncio.subprocess.Process:
     """Start `argv` in its own session (its pid is its group's id), for callers that
     stream its pipes themselves; pair with `terminate` or `kill` in a `finally`. A vfork'd
-    `Child` where the kernel has pidfds; asyncio's own child elsewhere."""
+    `Child` where the kernel has pidfds; asyncio's own child elsewhere.
+
+    A cancel that lands while the child starts kills its group before it is raised: the
+    child already runs then (it may have forked), and asyncio's own clean-up of a cancelled
+    start kills the leader only, then waits for every holder of its pipes, so a grandchild
+    would hold the caller for its whole life and outlive it (seen on a loaded host).
+    `start_child` does the same for its own start."""
     import asyncio
 
     if PIDFD:
@@ -205,16 +211,24 @@ async def spawn(
             limit=limit,
         )
     extra = {} if limit is None else {"limit": limit}
-    return await asyncio.create_subprocess_exec(
-        *map(str, argv),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        start_new_session=True,
-        **extra,
+    starting = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *map(str, argv),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            **extra,
+        )
     )
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # it could not start: nothing to end
+            await kill(await asyncio.shield(starting))
+        raise
 
 
 async def kill(proc: Child | asyncio.subprocess.Process) -> None:

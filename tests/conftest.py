@@ -46,7 +46,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Unit work paths live outside pytest's tmp dirs (units must reach them)."""
+    """Unit work paths live outside pytest's tmp dirs (units must reach them). Each xdist
+    worker (and the controller) removes its own UNITS_BASE and git config copy only."""
     from tests.agentkit import UNITS_BASE
 
     shutil.rmtree(UNITS_BASE, ignore_errors=True)
@@ -76,7 +77,10 @@ def _remove_unit_users_made_by_this_run(tmp_path_factory: pytest.TempPathFactory
     """Units are per node identity (ADR 0071): every test node makes users of its own.
     Remove the ones this run made, so runs on one host never exhaust the id range; only
     those whose unit path is this run's own, since another run or cluster on the host
-    may have made users meanwhile and still be using them."""
+    may have made users meanwhile and still be using them. Under `make test` this runs
+    in each xdist worker, and "this run" is the worker: each imports agentkit and so has
+    a UNITS_BASE of its own, and its basetemp is its own `popen-gwN`; a worker never
+    removes the users of another one that is still running steps."""
     from tests.agentkit import UNITS_BASE
 
     before = set(_unit_users()) if os.geteuid() == 0 else set()

@@ -48,12 +48,17 @@ def test_make_test_writes_the_report_and_prints_the_slowest_even_when_it_fails(
     suite.mkdir()
     (suite / "test_small.py").write_text(SUITE)
     report = tmp_path / "report"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    # no plugin but xdist, which the recipe's `-n` needs (in the workers too: they inherit it)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "PYTEST_PLUGINS": "xdist.plugin"}  # fmt: skip
     run = subprocess.run(
         ["sh", "-c", _recipe(report)], cwd=suite, env=env, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
-    assert run.returncode == 1, run.stdout + run.stderr  # pytest's failure, not hidden
+    # pytest's failure, not hidden; -x under xdist stops the workers as pytest stops on a
+    # KeyboardInterrupt, so the code is 2 (interrupted), not the serial run's 1
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "stopping after 1 failures" in run.stdout and "xdist" in run.stdout
     assert (report / "junit.xml").is_file()
     tail = run.stdout[run.stdout.index("== durations") :]
     assert "3 tests (1 failed, 2 passed)" in tail

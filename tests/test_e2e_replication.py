@@ -71,9 +71,12 @@ def test_async_and_sync_replication_and_replica_refuses_pushes(tmp_path: Path) -
         clone_with_task(owner, "demo", clone, "sync-1", ONE)
         git("push", "origin", "task/sync-1", cwd=clone)  # acked by both replicas
         pushed = git("rev-parse", "task/sync-1", cwd=clone).stdout.strip()
-        for n in (n2, n3):
-            held = git("for-each-ref", "--format=%(objectname)", cwd=n.repo("demo")).stdout
-            assert pushed in held.split()  # staged on every replica before the ack
+        for n in (n2, n3):  # staged on every replica before the ack
+            # the object, not a ref listing: for-each-ref is no snapshot, and the replica's
+            # fetch moves the commit from its staging ref to the branch meanwhile (a loaded
+            # host's listing saw neither); an object, once held, stays
+            held = git("cat-file", "-e", f"{pushed}^{{commit}}", cwd=n.repo("demo"), check=False)
+            assert held.returncode == 0, f"{n.name} lacks the acked commit: {held.stderr}"
         # with one replica down, a sync push is refused and the owner's refs do not move
         n3.kill9()
         clone_with_task(owner, "demo", clone, "sync-2", ONE)

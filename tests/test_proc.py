@@ -99,6 +99,38 @@ def test_cancelling_run_async_kills_the_whole_group(tmp_path: Path) -> None:
     _assert_group_gone(asyncio.run(main()))
 
 
+def test_a_cancel_while_the_child_starts_kills_its_group_at_once(tmp_path: Path) -> None:
+    """A cancel can land after the child runs (and forked) but before asyncio has connected
+    its pipes. asyncio's own clean-up then kills the leader only and waits for the pipes,
+    which the grandchild holds: the call hung for the grandchild's 600 s (a loaded host hit
+    this). Made certain here: the loop is blocked from the child's start until it forked."""
+    import psutil
+
+    argv, pidfile = _stubborn(tmp_path)
+
+    async def main() -> float:
+        call = asyncio.create_task(proc.run_async(argv, timeout=600, grace=0.2))
+        me, deadline = psutil.Process(), time.monotonic() + 30
+        while not me.children():  # one loop step at a time, until the child is started
+            assert time.monotonic() < deadline and not call.done(), call
+            await asyncio.sleep(0)
+        # no await from here to the cancel: the start stays half done, its pipes unconnected
+        wait_for(pidfile.exists, 30, "the child to fork its grandchild")
+        t0 = time.monotonic()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, 30)  # the old spawn: TimeoutError here, not a cancel
+        return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(main())
+    finally:  # whatever happened, leave no `sleep 600` behind
+        if pidfile.exists():
+            proc.signal_group(json.loads(pidfile.read_text())["child"])
+    assert took < 0.2 + proc.REAP_WAIT_S + 5
+    _assert_group_gone(json.loads(pidfile.read_text()))
+
+
 def test_terminate_gives_sigterm_first(tmp_path: Path) -> None:
     """git removes its lock files on SIGTERM: a child that handles it gets to run its handler."""
     mark = tmp_path / "termed"

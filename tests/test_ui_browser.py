@@ -143,10 +143,11 @@ def test_cluster_view_draws_every_node_with_role_labels_and_gossip_state(
     drv: Any, cluster: dict[str, Any], shots: Path
 ) -> None:
     drv.get(cluster["base"] + "/ui/")
-    # read until the document is there: once (1 run in 4, on a loaded host) the source
-    # read right after get() was '' although the page then rendered
-    wait_for(lambda: '<script src="/ui/static/htmx.min.js' in drv.page_source, 10,
-             "the cluster page's source with htmx")  # fmt: skip
+    # asked again until it holds: on a loaded host (the suite's parallel workers) one
+    # Chromium read of the source right after the load came back empty
+    wait_for(
+        lambda: '<script src="/ui/static/htmx.min.js' in drv.page_source, 10, "the page's htmx"
+    )
     wait_for(lambda: drv.execute_script("return typeof htmx") == "object", 10, "htmx loaded")
     nodes = node_status(drv)
     assert set(nodes) == set(NAMES)
