@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import os
 import selectors
 import time
 from collections.abc import Awaitable, Callable
@@ -146,6 +147,13 @@ class _JumpingSelector(selectors.DefaultSelector):
         return []
 
 
+def _is_pidfd(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+    except OSError:
+        return False
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop whose `time()` is a `FakeClock`'s: when every task is blocked and no
     thread or child process is at work, time jumps to the next timer, so a 60 s timeout
@@ -162,6 +170,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.clock._loop = self
         self._in_threads = 0
         self._children: set[Any] = set()
+        self._pidfds: set[int] = set()  # children of kovanex.childproc: watched by pidfd
 
     def time(self) -> float:
         return self.clock.monotonic()
@@ -175,7 +184,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def busy(self) -> bool:
         """Is real work under way that virtual time must wait for in real time?"""
         self._children = {c for c in self._children if c.get_returncode() is None}
-        return self._in_threads > 0 or bool(self._children)
+        return self._in_threads > 0 or bool(self._children) or bool(self._pidfds)
+
+    def add_reader(self, fd: Any, callback: Callable[..., object], *args: Any) -> None:
+        """A pidfd read is a child at work (kovanex.childproc.Child waits on it), as an
+        asyncio subprocess transport is: time must not jump past its timeout meanwhile."""
+        super().add_reader(fd, callback, *args)
+        if isinstance(fd, int) and _is_pidfd(fd):
+            self._pidfds.add(fd)
+
+    def remove_reader(self, fd: Any) -> bool:
+        self._pidfds.discard(fd)
+        return super().remove_reader(fd)
 
     def jump(self, timeout: float) -> None:
         """Move the clock to the earliest timer (`timeout` away, as the loop computed it)."""

@@ -115,7 +115,16 @@ def test_apply_feeds_the_decision_on_stdin_with_no_secret_in_env(
 
 
 def test_apply_times_out_and_kills_the_executor(tmp_path: Path) -> None:
-    p = Policy(up_for_s=0, executor=recorder(tmp_path, sleep=30), executor_timeout_s=1.0)
+    # a shell, not Python: it records its pid within a millisecond of its start, where a
+    # Python executor on a loaded host was once killed at the 1 s timeout before it could
+    # (and the forked sleep checks that the executor's whole group is ended, not its leader)
+    script = tmp_path / "exec.sh"
+    script.write_text(
+        f"echo $$ > {tmp_path / 'exec.pid'}\n"
+        f"sleep 30 & echo $! > {tmp_path / 'child.pid'}\n"
+        f"wait; echo done > {tmp_path / 'got.json'}\n"
+    )
+    p = Policy(up_for_s=0, executor=f"/bin/sh {script}", executor_timeout_s=1.0)
     svc = service(tmp_path, p, [member("n1", used=2)], pending=3)
     # the timeout runs on the service's clock: a virtual loop on it, where time runs as
     # real time while the executor process lives (a FakeClock alone would never fire)
@@ -123,7 +132,11 @@ def test_apply_times_out_and_kills_the_executor(tmp_path: Path) -> None:
     assert not res["applied"] and "timed out after 1s" in res["executor"]["error"]
     assert svc.state.last_up is None
     assert not (tmp_path / "got.json").exists()
-    assert not scale_executor.alive(int((tmp_path / "exec.pid").read_text()))  # none left
+    # the leader was reaped before apply returned; its forked child was signalled with the
+    # group, and a signal takes effect when the child is next scheduled: none is left soon
+    assert not scale_executor.alive(int((tmp_path / "exec.pid").read_text()))
+    child = int((tmp_path / "child.pid").read_text())
+    wait_for(lambda: not scale_executor.alive(child), 5, "the executor's child ended")
 
 
 def _fake_runner(data: Path, ignore_term: bool = False) -> subprocess.Popen[bytes]:
