@@ -6,6 +6,7 @@ holder is alive (found by tests/test_partition_nats.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,29 +81,39 @@ def test_a_crashed_remote_run_is_started_again_then_handed_back(
                        f"its runs on n1 crashed {remoterun.REDELIVER_MAX} times")]  # fmt: skip
 
 
-def test_an_assignment_gossip_held_before_the_service_started_is_run(tmp_path: Path) -> None:
-    """The agent joins gossip before RemoteRuns subscribes; an owner that placed a task on
-    us the moment we joined sent the assignment into that window. start() delivers it
-    (before, nothing did, and the owner excluded us at its 10 s deadline)."""
+def _started_on_n1(
+    tmp_path: Path, act: Callable[[GossipNode, RemoteRuns], None]
+) -> list[tuple[str, int]]:
+    """`act` on n1's gossip and RemoteRuns (over a MemoryNetwork); then the loop turns
+    until the tasks its callbacks spawned have run (turns, not time): what was started."""
     started: list[dict[str, Any]] = []
 
     async def go() -> None:
         g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
         await g.start(("127.0.0.1", 0))
         try:
-            rr = _remote_runs(tmp_path, g, started)
-            mine = {"repo": "r", "task": "t1", "node": "n1", "epoch": 2, "url": "u", "owner": "n2"}
-            theirs = {**mine, "task": "t2", "node": "n3"}
-            g.publish("assign", "r/t1", mine)
-            g.publish("assign", "r/t2", theirs)
-            rr.start()
-            for _ in range(20):  # let the tasks start() spawned run (no sleep of time)
+            act(g, _remote_runs(tmp_path, g, started))
+            for _ in range(20):
                 await asyncio.sleep(0)
         finally:
             await g.close()
 
     asyncio.run(go())
-    assert [(v["task"], v["epoch"]) for v in started] == [("t1", 2)]
+    return [(v["task"], v["epoch"]) for v in started]
+
+
+def test_an_assignment_gossip_held_before_the_service_started_is_run(tmp_path: Path) -> None:
+    """The agent joins gossip before RemoteRuns subscribes; an owner that placed a task on
+    us the moment we joined sent the assignment into that window. start() delivers it
+    (before, nothing did, and the owner excluded us at its 10 s deadline)."""
+
+    def act(g: GossipNode, rr: RemoteRuns) -> None:
+        mine = {"repo": "r", "task": "t1", "node": "n1", "epoch": 2, "url": "u", "owner": "n2"}
+        g.publish("assign", "r/t1", mine)
+        g.publish("assign", "r/t2", {**mine, "task": "t2", "node": "n3"})
+        rr.start()
+
+    assert _started_on_n1(tmp_path, act) == [("t1", 2)]
 
 
 class EndedRun:
@@ -120,25 +131,15 @@ def test_a_new_assignment_of_a_task_whose_old_run_here_ended_is_started(tmp_path
     run stood down, and after the heal the owner placed it on n1 again under epoch 3. The
     watch of the ended run made that assignment a mere 'verify' of the old run: it never
     started, and the owner excluded n1 at its 10 s deadline, for good."""
-    started: list[dict[str, Any]] = []
 
-    async def go() -> None:
-        g = GossipNode("n1", profile("local"), None, {}, transport=MemoryTransport(MemoryNetwork()))
-        await g.start(("127.0.0.1", 0))
-        try:
-            rr = _remote_runs(tmp_path, g, started)
-            rr.start()
-            rr._watched[("r", "t1")] = (EndedRun(1), None)  # type: ignore[assignment]
-            rr.ran("r", "t1")  # it ended: not in the run table
-            a = {"repo": "r", "task": "t1", "node": "n1", "epoch": 3, "url": "u", "owner": "n2"}
-            g.publish("assign", "r/t1", a)
-            for _ in range(20):  # let the tasks the callback spawned run (no sleep of time)
-                await asyncio.sleep(0)
-        finally:
-            await g.close()
+    def act(g: GossipNode, rr: RemoteRuns) -> None:
+        rr.start()
+        rr._watched[("r", "t1")] = (EndedRun(1), None)  # type: ignore[assignment]
+        rr.ran("r", "t1")  # it ended: not in the run table
+        a = {"repo": "r", "task": "t1", "node": "n1", "epoch": 3, "url": "u", "owner": "n2"}
+        g.publish("assign", "r/t1", a)
 
-    asyncio.run(go())
-    assert [(v["task"], v["epoch"]) for v in started] == [("t1", 3)]
+    assert _started_on_n1(tmp_path, act) == [("t1", 3)]
 
 
 def test_an_owner_announces_again_what_it_assigned_a_node_that_joins_again() -> None:
